@@ -1,0 +1,83 @@
+"""One env's growing network: the host model, its optimizer, and one optimizer per live seed.
+
+The lifecycle ops that change which parameters exist live here, because they must keep
+the optimizers in step with the module tree: GERMINATE adds a seed optimizer, FOSSILIZE
+moves the seed's parameters into the host optimizer, PRUNE drops them both.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from esper.contracts import BlendMode, SeedStage
+from esper.kasmina.hosts.base import HostModel
+from esper.kasmina.lifecycle import GateResult, GateSignals
+from esper.kasmina.optim import OptimConfig
+
+
+class GrowingHost:
+    """The host network of one env and the optimizers that train it and its seeds."""
+
+    def __init__(self, model: HostModel, optim: OptimConfig | None = None) -> None:
+        self.model = model
+        self.optim = optim or OptimConfig()
+        self.host_optimizer = self.optim.make(model.host_parameters(), self.optim.host_lr)
+        self.seed_optimizers: dict[str, torch.optim.Optimizer] = {}
+
+    # ----------------------------------------------------------------- queries
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def slot_ids(self) -> tuple[str, ...]:
+        return self.model.slot_ids
+
+    def trainable_seed_slots(self) -> list[str]:
+        """Slots whose seed is trained by its own optimizer this epoch."""
+        return list(self.seed_optimizers)
+
+    # ----------------------------------------------------------- lifecycle ops
+    def germinate(self, slot_id: str, blueprint: str, blend_mode: BlendMode) -> nn.Module:
+        slot = self.model.slot(slot_id)
+        seed = slot.germinate(blueprint, blend_mode)
+        self.seed_optimizers[slot_id] = self.optim.make(slot.seed_parameters(), self.optim.seed_lr)
+        return seed
+
+    def advance(self, slot_id: str, signals: GateSignals) -> GateResult:
+        slot = self.model.slot(slot_id)
+        result = slot.advance(signals)
+        if result and slot.stage is SeedStage.FOSSILIZED:
+            self._fossilize(slot_id)
+        return result
+
+    def _fossilize(self, slot_id: str) -> None:
+        """The seed's parameters join the host optimizer; its own optimizer is dropped."""
+        params = list(self.model.slot(slot_id).seed_parameters())
+        del self.seed_optimizers[slot_id]
+        self.host_optimizer.add_param_group({"params": params, "lr": self.optim.host_lr})
+
+    def prune(self, slot_id: str) -> None:
+        self.model.slot(slot_id).prune()
+        del self.seed_optimizers[slot_id]
+
+    def end_epoch(self) -> dict[str, SeedStage]:
+        """Advance every slot's epoch counter; return stages entered by the cool-down clock."""
+        entered: dict[str, SeedStage] = {}
+        for slot in self.model.iter_slots():
+            stage = slot.end_epoch()
+            if stage is not None:
+                entered[slot.slot_id] = stage
+        return entered
+
+    # ------------------------------------------------------------ training
+    def zero_grad(self) -> None:
+        self.host_optimizer.zero_grad(set_to_none=True)
+        for opt in self.seed_optimizers.values():
+            opt.zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        self.host_optimizer.step()
+        for opt in self.seed_optimizers.values():
+            opt.step()

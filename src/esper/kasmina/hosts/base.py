@@ -1,0 +1,78 @@
+"""What every host network offers the rest of Esper.
+
+A host is an ordinary ``nn.Module`` with named :class:`SeedSlot`s between its stages.
+Its parameters split in two: the host's own (plus fossilized seeds), trained by the host
+optimizer, and each live seed's, trained by that seed's optimizer.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+
+from torch import Tensor, nn
+
+from esper.contracts import SeedStage
+from esper.kasmina.slot import SeedSlot
+
+
+class HostModel(nn.Module, ABC):
+    """Base class for hosts. Subclasses build ``self.slots`` and define the task's loss."""
+
+    #: The host family, matched against blueprints' ``host_kinds``.
+    kind: str = ""
+    slots: nn.ModuleDict
+
+    @property
+    def slot_ids(self) -> tuple[str, ...]:
+        return tuple(self.slots.keys())
+
+    def slot(self, slot_id: str) -> SeedSlot:
+        try:
+            return self.slots[slot_id]  # type: ignore[return-value]
+        except KeyError:
+            raise KeyError(
+                f"host has no slot {slot_id!r}; its slots are {list(self.slot_ids)}"
+            ) from None
+
+    def iter_slots(self) -> Iterator[SeedSlot]:
+        yield from self.slots.values()  # type: ignore[misc]
+
+    def host_parameters(self) -> list[nn.Parameter]:
+        """Parameters the host optimizer owns: everything but not-yet-fossilized seeds."""
+        seed_ids = {
+            id(p)
+            for slot in self.iter_slots()
+            if slot.stage is not SeedStage.FOSSILIZED
+            for p in slot.seed_parameters()
+        }
+        return [p for p in self.parameters() if id(p) not in seed_ids]
+
+    def seed_param_count(self) -> int:
+        """Parameters added by seeds (live and fossilized): what the parameter rent charges."""
+        return sum(slot.seed_param_count() for slot in self.iter_slots())
+
+    @abstractmethod
+    def check_input(self, x: Tensor) -> None:
+        """Raise ValueError naming the expected and the given shape/dtype. Host-side only."""
+
+    @abstractmethod
+    def loss_and_correct(self, outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, int]:
+        """Mean loss, number of correct predictions (device tensor) and number of predictions.
+
+        The count is a Python int derived from shapes, so no device value is read.
+        """
+
+    def correct_per_replica(self, outputs: Tensor, targets: Tensor, replicas: int) -> Tensor:
+        """Correct predictions ``[replicas]`` when ``outputs`` stacks ``replicas`` copies of a batch."""
+        pred = outputs.argmax(dim=-1).unflatten(0, (replicas, -1))
+        return (pred == targets.unsqueeze(0)).flatten(1).sum(dim=1)
+
+    def loss_per_replica(self, outputs: Tensor, targets: Tensor, replicas: int) -> Tensor:
+        """Summed loss ``[replicas]`` over each replica's predictions."""
+        logits = outputs.unflatten(0, (replicas, -1))
+        tgt = targets.unsqueeze(0).expand(replicas, *targets.shape)
+        losses = nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none"
+        )
+        return losses.view(replicas, -1).sum(dim=1)

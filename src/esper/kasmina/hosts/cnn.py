@@ -1,0 +1,101 @@
+"""A convolutional host for images, with a seed slot after each stage."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from esper.kasmina.blueprints import SlotShape
+from esper.kasmina.hosts.base import HostModel
+from esper.kasmina.lifecycle import LifecycleConfig
+from esper.kasmina.slot import SeedSlot
+
+DEFAULT_CHANNELS: tuple[int, ...] = (16, 32, 64)
+POOL = 2
+
+
+class ConvStage(nn.Module):
+    """Two 3x3 conv-BN-ReLU layers at one resolution."""
+
+    def __init__(self, c_in: int, c_out: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
+            nn.BatchNorm2d(c_out),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(c_out, c_out, 3, padding=1, bias=False),
+            nn.BatchNorm2d(c_out),
+            nn.ReLU(inplace=True),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.body(x)
+
+
+class CNNHost(HostModel):
+    """Stages of conv blocks; slot ``stage{i}`` sits after stage i, before its 2x2 pooling.
+
+    Pooling happens after a stage only while the feature map is larger than 1x1, so the
+    same code serves 8x8 digits and 32x32 CIFAR-10 images.
+    """
+
+    kind = "cnn"
+
+    def __init__(
+        self,
+        input_shape: Sequence[int] = (1, 8, 8),
+        n_classes: int = 10,
+        channels: Sequence[int] = DEFAULT_CHANNELS,
+        lifecycle: LifecycleConfig | None = None,
+    ) -> None:
+        super().__init__()
+        input_shape = tuple(int(s) for s in input_shape)
+        if len(input_shape) != 3 or min(input_shape) < 1:
+            raise ValueError(
+                f"CNNHost.input_shape must be (channels, height, width) with positive sizes, "
+                f"got {input_shape}"
+            )
+        if n_classes < 2:
+            raise ValueError(f"CNNHost.n_classes must be >= 2, got {n_classes}")
+        if not channels or min(channels) < 1:
+            raise ValueError(f"CNNHost.channels must be non-empty positive widths, got {channels}")
+        self.input_shape = input_shape
+        self.n_classes = n_classes
+        self.stages = nn.ModuleList()
+        self.pools: list[bool] = []
+        self.slots = nn.ModuleDict()
+        c_in, h, w = input_shape
+        for i, c in enumerate(channels):
+            self.stages.append(ConvStage(c_in, c))
+            self.slots[f"stage{i}"] = SeedSlot(f"stage{i}", SlotShape("cnn", c, (h, w)), lifecycle)
+            pool = h >= POOL and w >= POOL
+            self.pools.append(pool)
+            if pool:
+                h, w = h // POOL, w // POOL
+            c_in = c
+        self.head = nn.Linear(c_in, n_classes)
+
+    def check_input(self, x: Tensor) -> None:
+        if tuple(x.shape[1:]) != self.input_shape or x.dim() != 4:
+            raise ValueError(
+                f"CNNHost expects images shaped [batch, {', '.join(map(str, self.input_shape))}], "
+                f"got {list(x.shape)}; build the host with input_shape matching the data module"
+            )
+        if not x.is_floating_point():
+            raise ValueError(f"CNNHost expects floating-point images, got dtype {x.dtype}")
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.check_input(x)
+        for stage, slot, pool in zip(self.stages, self.slots.values(), self.pools, strict=True):
+            x = slot(stage(x))
+            if pool:
+                x = F.max_pool2d(x, POOL)
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+    def loss_and_correct(self, outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, int]:
+        loss = F.cross_entropy(outputs, targets)
+        correct = (outputs.argmax(dim=-1) == targets).sum()
+        return loss, correct, targets.shape[0]

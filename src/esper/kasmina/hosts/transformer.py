@@ -1,0 +1,108 @@
+"""A small causal Transformer host for token sequences, with a seed slot after each block."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from esper.kasmina.blueprints import SlotShape
+from esper.kasmina.hosts.base import HostModel
+from esper.kasmina.lifecycle import LifecycleConfig
+from esper.kasmina.slot import SeedSlot
+
+MLP_RATIO = 4
+
+
+class CausalBlock(nn.Module):
+    """Pre-norm causal self-attention and MLP."""
+
+    def __init__(self, d_model: int, n_heads: int) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.ln1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, MLP_RATIO * d_model),
+            nn.GELU(),
+            nn.Linear(MLP_RATIO * d_model, d_model),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class TransformerHost(HostModel):
+    """Token and position embeddings, causal blocks with slot ``block{i}`` after each, LM head."""
+
+    kind = "transformer"
+
+    def __init__(
+        self,
+        vocab_size: int = 16,
+        seq_len: int = 32,
+        d_model: int = 64,
+        n_heads: int = 4,
+        n_layers: int = 2,
+        lifecycle: LifecycleConfig | None = None,
+    ) -> None:
+        super().__init__()
+        for name, value, minimum in (
+            ("vocab_size", vocab_size, 2),
+            ("seq_len", seq_len, 1),
+            ("d_model", d_model, 1),
+            ("n_heads", n_heads, 1),
+            ("n_layers", n_layers, 1),
+        ):
+            if value < minimum:
+                raise ValueError(f"TransformerHost.{name} must be >= {minimum}, got {value}")
+        if d_model % n_heads:
+            raise ValueError(
+                f"TransformerHost.d_model ({d_model}) must be a multiple of n_heads ({n_heads})"
+            )
+        self.vocab_size = vocab_size
+        self.seq_len = seq_len
+        self.input_shape = (seq_len,)
+        self.tok = nn.Embedding(vocab_size, d_model)
+        self.pos = nn.Embedding(seq_len, d_model)
+        self.blocks = nn.ModuleList(CausalBlock(d_model, n_heads) for _ in range(n_layers))
+        self.slots = nn.ModuleDict(
+            {
+                f"block{i}": SeedSlot(
+                    f"block{i}",
+                    SlotShape("transformer", d_model, (seq_len,), causal=True),
+                    lifecycle,
+                )
+                for i in range(n_layers)
+            }
+        )
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size)
+
+    def check_input(self, x: Tensor) -> None:
+        if x.dim() != 2 or not 1 <= x.shape[1] <= self.seq_len:
+            raise ValueError(
+                f"TransformerHost expects token ids shaped [batch, T] with 1 <= T <= {self.seq_len}, "
+                f"got {list(x.shape)}"
+            )
+        if x.is_floating_point() or x.dtype == torch.bool:
+            raise ValueError(f"TransformerHost expects integer token ids, got dtype {x.dtype}")
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.check_input(x)
+        positions = torch.arange(x.shape[1], device=x.device)
+        h = self.tok(x) + self.pos(positions)
+        for block, slot in zip(self.blocks, self.slots.values(), strict=True):
+            h = slot(block(h))
+        return self.head(self.ln_f(h))
+
+    def loss_and_correct(self, outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, int]:
+        loss = F.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1))
+        correct = (outputs.argmax(dim=-1) == targets).sum()
+        return loss, correct, targets.numel()

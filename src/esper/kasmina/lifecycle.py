@@ -1,0 +1,190 @@
+"""The seed lifecycle as a host-side state machine with gates.
+
+One :class:`SeedLifecycle` per slot. It holds Python values only (stage, epochs in
+stage, blueprint, blend mode), so reading it never touches the device; the gate
+signals it needs (finite gradients, counterfactual contribution) arrive as host values
+from the step's one packed transfer.
+
+Two kinds of "no": asking for an edge outside the graph raises
+:class:`~esper.contracts.IllegalTransitionError` (a caller bug), while a gate that is
+not yet satisfied returns a :class:`GateResult` with the reason (a legal no-op the
+observation reports).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from esper.contracts import BlendMode, IllegalTransitionError, SeedStage, check_transition
+from esper.contracts.stages import COOLDOWN_PATH, LIVE_STAGES, next_on_success_path
+from esper.kasmina.blending import blend_alpha
+
+
+@dataclass(frozen=True)
+class LifecycleConfig:
+    """How long each stage lasts at least, and what a seed must show to be kept."""
+
+    min_training_epochs: int = 2
+    blend_epochs: int = 3
+    min_holding_epochs: int = 1
+    #: Minimum counterfactual contribution (val acc with the seed minus without it) to fossilize.
+    min_contribution: float = 0.0
+    #: Epochs a pruned slot stays EMBARGOED before it starts resetting.
+    embargo_epochs: int = 2
+    #: Epochs spent RESETTING before the slot is DORMANT again.
+    reset_epochs: int = 1
+
+    def __post_init__(self) -> None:
+        minimums = {
+            "min_training_epochs": 0,
+            "min_holding_epochs": 0,
+            "blend_epochs": 1,  # alpha needs at least one epoch to reach 1
+            "embargo_epochs": 1,  # each cool-down stage lasts at least one epoch
+            "reset_epochs": 1,
+        }
+        for name, minimum in minimums.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(
+                    f"LifecycleConfig.{name} must be an int >= {minimum}, got {value!r}"
+                )
+        if not math.isfinite(self.min_contribution):
+            raise ValueError(
+                f"LifecycleConfig.min_contribution must be finite, got {self.min_contribution!r}"
+            )
+
+
+@dataclass(frozen=True)
+class GateSignals:
+    """What the gates need to know about the last epoch, as host values."""
+
+    grads_finite: bool = True
+    #: Validation accuracy with the seed minus with its alpha forced to 0.
+    contribution: float = 0.0
+
+
+@dataclass(frozen=True)
+class GateResult:
+    passed: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+
+PASSED = GateResult(True)
+
+
+class SeedLifecycle:
+    """Stage bookkeeping for one slot. Owned by a :class:`~esper.kasmina.slot.SeedSlot`."""
+
+    def __init__(self, config: LifecycleConfig | None = None) -> None:
+        self.config = config or LifecycleConfig()
+        self.stage = SeedStage.DORMANT
+        self.epochs_in_stage = 0
+        self.blueprint: str | None = None
+        self.blend_mode: BlendMode | None = None
+        self.last_refusal: str = ""
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def is_live(self) -> bool:
+        return self.stage in LIVE_STAGES
+
+    @property
+    def alpha(self) -> float:
+        """How much of the seed's output the host sees during the current epoch.
+
+        During BLENDING the epoch being trained is epoch ``epochs_in_stage + 1`` of the
+        ramp, so the first blending epoch already admits some of the seed and the last
+        one admits all of it.
+        """
+        if self.stage is SeedStage.BLENDING:
+            assert self.blend_mode is not None
+            progress = (self.epochs_in_stage + 1) / self.config.blend_epochs
+            return blend_alpha(self.blend_mode, progress)
+        if self.stage in (SeedStage.HOLDING, SeedStage.FOSSILIZED):
+            return 1.0
+        return 0.0
+
+    # ------------------------------------------------------------- transitions
+    def _enter(self, stage: SeedStage) -> None:
+        check_transition(self.stage, stage)
+        self.stage = stage
+        self.epochs_in_stage = 0
+
+    def germinate(self, blueprint: str, blend_mode: BlendMode) -> None:
+        self._enter(SeedStage.GERMINATED)
+        self.blueprint = blueprint
+        self.blend_mode = BlendMode(blend_mode)
+        self.last_refusal = ""
+
+    def gate(self, target: SeedStage, signals: GateSignals) -> GateResult:
+        """Whether the seed may enter ``target`` now; the reason when not."""
+        cfg = self.config
+        n = self.epochs_in_stage
+        if target is SeedStage.GERMINATED or target is SeedStage.TRAINING:
+            return PASSED
+        if not signals.grads_finite:
+            return GateResult(False, "seed gradients were not finite in the last epoch")
+        if target is SeedStage.BLENDING and n < cfg.min_training_epochs:
+            return GateResult(False, f"TRAINING for {n} of {cfg.min_training_epochs} epochs")
+        if target is SeedStage.HOLDING and n < cfg.blend_epochs:
+            return GateResult(False, f"BLENDING for {n} of {cfg.blend_epochs} epochs")
+        if target is SeedStage.FOSSILIZED:
+            if n < cfg.min_holding_epochs:
+                return GateResult(False, f"HOLDING for {n} of {cfg.min_holding_epochs} epochs")
+            if not signals.contribution > cfg.min_contribution:
+                return GateResult(
+                    False,
+                    f"contribution {signals.contribution:+.4f} is not above "
+                    f"{cfg.min_contribution:+.4f}",
+                )
+        return PASSED
+
+    def advance(self, signals: GateSignals) -> GateResult:
+        """Move one step along the success path if the gate allows it.
+
+        Raises for a stage with no next step on that path (DORMANT: germinate instead;
+        FOSSILIZED and the cool-down stages: nothing to advance).
+        """
+        target = next_on_success_path(self.stage)
+        if target is None:
+            raise IllegalTransitionError(
+                f"ADVANCE is not defined from {self.stage.name}: it moves a seed along "
+                "GERMINATED -> TRAINING -> BLENDING -> HOLDING -> FOSSILIZED "
+                "(germinate a DORMANT slot first; cool-down stages advance by the clock)"
+            )
+        result = self.gate(target, signals)
+        if result:
+            self._enter(target)
+            self.last_refusal = ""
+        else:
+            self.last_refusal = result.reason
+        return result
+
+    def prune(self) -> None:
+        self._enter(SeedStage.PRUNED)
+        self.last_refusal = ""
+
+    def end_epoch(self) -> SeedStage | None:
+        """Count one more epoch in the stage; run the cool-down clock.
+
+        Returns the stage entered by the clock, if any (PRUNED -> EMBARGOED -> RESETTING
+        -> DORMANT), so callers can report it.
+        """
+        self.epochs_in_stage += 1
+        due = {
+            SeedStage.PRUNED: 1,
+            SeedStage.EMBARGOED: self.config.embargo_epochs,
+            SeedStage.RESETTING: self.config.reset_epochs,
+        }.get(self.stage)
+        if due is None or self.epochs_in_stage < due:
+            return None
+        nxt = COOLDOWN_PATH[COOLDOWN_PATH.index(self.stage) + 1]
+        self._enter(nxt)
+        if nxt is SeedStage.DORMANT:
+            self.blueprint = None
+            self.blend_mode = None
+        return nxt

@@ -1,0 +1,159 @@
+"""The shared shape of every host data module: in-memory tensors, seeded shuffling.
+
+The trainer splits each train batch across its parallel environments, so every
+train batch must have exactly ``batch_size`` rows: hence ``drop_last=True`` and the
+check that the train split holds at least one full batch.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from abc import ABC, abstractmethod
+from typing import Literal
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, TensorDataset
+
+TASK_CLASSIFICATION = "classification"
+TASK_LANGUAGE_MODEL = "language_model"
+Task = Literal["classification", "language_model"]
+
+DEFAULT_BATCH_SIZE = 128
+DEFAULT_VAL_BATCH_SIZE = 512
+DEFAULT_NUM_WORKERS = 0
+DEFAULT_SEED = 0
+
+
+def require_int(name: str, value: object, minimum: int) -> int:
+    """Reject bools and floats too: ``True`` or ``2.0`` as a size is always a caller bug."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}; pass a value >= {minimum}")
+    return int(value)
+
+
+def require_float(name: str, value: object, *, minimum: float = 0.0) -> float:
+    """NaN and infinity would silently poison every sample they touch, so refuse them here."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a finite number >= {minimum}, got {value!r}")
+    if not math.isfinite(float(value)) or value < minimum:
+        raise ValueError(
+            f"{name} must be a finite number >= {minimum}, got {value}; pass a value >= {minimum}"
+        )
+    return float(value)
+
+
+class HostDataModule(LightningDataModule, ABC):
+    """Base for the data a host network trains on.
+
+    Subclasses only build two ``TensorDataset``s; the loaders, the seeding and the
+    batch-size check live here so every data source behaves the same for the trainer.
+    Batches are ``(x, y)``: classification gives float32 ``x`` and int64 ``y [B]``;
+    language modelling gives int64 ``x [B, T]`` and ``y [B, T]`` with ``y`` the
+    next-token targets of ``x``.
+    """
+
+    def __init__(
+        self,
+        *,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        val_batch_size: int = DEFAULT_VAL_BATCH_SIZE,
+        num_workers: int = DEFAULT_NUM_WORKERS,
+        seed: int = DEFAULT_SEED,
+    ) -> None:
+        super().__init__()
+        self.batch_size = require_int("batch_size", batch_size, 1)
+        self.val_batch_size = require_int("val_batch_size", val_batch_size, 1)
+        self.num_workers = require_int("num_workers", num_workers, 0)
+        self.seed = require_int("seed", seed, 0)
+        self._train_set: TensorDataset | None = None
+        self._val_set: TensorDataset | None = None
+
+    @property
+    @abstractmethod
+    def task(self) -> Task:
+        """Which loss and metrics the trainer must use for these batches."""
+
+    @property
+    @abstractmethod
+    def input_shape(self) -> tuple[int, ...]:
+        """Per-sample input shape, without the batch dimension: the host is built from it."""
+
+    @property
+    @abstractmethod
+    def n_classes(self) -> int:
+        """Classes for classification, vocabulary size for language modelling."""
+
+    @abstractmethod
+    def _build_datasets(self) -> tuple[TensorDataset, TensorDataset]:
+        """Load or generate the (train, val) datasets; called at most once per module."""
+
+    def setup(self, stage: str | None = None) -> None:
+        """Build the tensors once; Lightning calls this per stage, so later calls are no-ops."""
+        if self._train_set is not None:
+            return
+        train_set, val_set = self._build_datasets()
+        if len(train_set) < self.batch_size:
+            raise ValueError(
+                f"batch_size={self.batch_size} is larger than the train split "
+                f"({len(train_set)} samples), so drop_last would leave no batch; "
+                f"use batch_size <= {len(train_set)} or more training data"
+            )
+        self._train_set, self._val_set = train_set, val_set
+
+    @property
+    def train_dataset(self) -> TensorDataset:
+        """The train split; built on first access so scripts need not call ``setup`` first."""
+        self.setup()
+        assert self._train_set is not None
+        return self._train_set
+
+    @property
+    def val_dataset(self) -> TensorDataset:
+        """The validation split; built on first access like ``train_dataset``."""
+        self.setup()
+        assert self._val_set is not None
+        return self._val_set
+
+    @property
+    def train_size(self) -> int:
+        return len(self.train_dataset)
+
+    @property
+    def val_size(self) -> int:
+        return len(self.val_dataset)
+
+    def train_dataloader(self) -> DataLoader:
+        """A fresh generator per call: every loader built from one seed replays one order.
+
+        Within one loader the generator advances, so successive epochs still differ.
+        """
+        generator = torch.Generator().manual_seed(self.seed)
+        return DataLoader(
+            self.train_dataset,
+            batch_size=self.batch_size,
+            shuffle=True,
+            generator=generator,
+            drop_last=True,
+            **self._loader_kwargs(),
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        """Every validation sample counts, so no shuffle and no dropped tail."""
+        return DataLoader(
+            self.val_dataset,
+            batch_size=self.val_batch_size,
+            shuffle=False,
+            drop_last=False,
+            **self._loader_kwargs(),
+        )
+
+    def _loader_kwargs(self) -> dict[str, object]:
+        return {
+            "num_workers": self.num_workers,
+            "persistent_workers": self.num_workers > 0,
+            "pin_memory": torch.cuda.is_available(),
+        }
