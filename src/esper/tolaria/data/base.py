@@ -46,6 +46,24 @@ def require_float(name: str, value: object, *, minimum: float = 0.0) -> float:
     return float(value)
 
 
+def require_positive_float(name: str, value: object) -> float:
+    """Scales and noise levels must be finite and strictly positive: zero makes a dead signal."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    if not math.isfinite(float(value)) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value}; pass a value > 0")
+    return float(value)
+
+
+def require_fraction(name: str, value: object) -> float:
+    """A split fraction strictly inside (0, 1): both sides of the split must hold data."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number strictly between 0 and 1, got {value!r}")
+    if not 0.0 < float(value) < 1.0:  # also refuses NaN, for which every comparison is False
+        raise ValueError(f"{name} must be strictly between 0 and 1, got {value}")
+    return float(value)
+
+
 class HostDataModule(LightningDataModule, ABC):
     """Base for the data a host network trains on.
 

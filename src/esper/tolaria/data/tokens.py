@@ -1,0 +1,267 @@
+"""Token sequences for the Transformer host: a synthetic Markov chain, or a user's text.
+
+Language modelling here means next-token prediction: batches are int64 ``x [B, T]``
+and ``y [B, T]`` with ``y[:, t]`` the token that follows ``x[:, t]``.
+
+The default is synthetic, so the Transformer host has a task with no download: a
+seeded Markov chain whose every token has only a few possible successors. Its
+entropy per step is far below ``log(vocab_size)``, so a small model visibly learns
+it. With ``text_path`` the module reads a UTF-8 file at character level instead.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+from torch.utils.data import TensorDataset
+
+from esper.tolaria.data.base import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_NUM_WORKERS,
+    DEFAULT_SEED,
+    DEFAULT_VAL_BATCH_SIZE,
+    TASK_LANGUAGE_MODEL,
+    HostDataModule,
+    Task,
+    require_fraction,
+    require_int,
+)
+
+DEFAULT_VOCAB_SIZE = 16
+DEFAULT_SEQ_LEN = 32
+DEFAULT_TOKEN_N_TRAIN = 512
+DEFAULT_TOKEN_N_VAL = 128
+# Successors per token: two keeps the entropy at most 1 bit/step against 4 for uniform.
+DEFAULT_BRANCHING = 2
+DEFAULT_TEXT_VAL_FRACTION = 0.1
+DEFAULT_DATA_SEED = 0
+MIN_VOCAB_SIZE = 2
+# Text mode needs at least two distinct characters, or there is nothing to predict.
+MIN_TEXT_VOCAB = 2
+
+
+class TokenSequenceDataModule(HostDataModule):
+    """Next-token batches; ``input_shape`` is ``(seq_len,)`` and ``n_classes`` the vocabulary.
+
+    Synthetic mode (no ``text_path``): ``n_train`` / ``n_val`` sequences from one
+    seeded chain over ``vocab_size`` tokens, each token with ``branching`` successors
+    drawn with random probabilities. ``data_seed`` fixes the chain and the samples;
+    ``seed`` only orders the batches.
+
+    Text mode (``text_path``): the vocabulary is the sorted set of characters in the
+    file (``vocab``); the text is split by position, the last ``val_fraction`` for
+    validation, and each part is cut into windows of ``seq_len + 1`` characters with
+    stride ``seq_len``, so every next-character pair is used exactly once. Options that
+    belong to the other mode are refused rather than silently ignored.
+    """
+
+    def __init__(
+        self,
+        *,
+        seq_len: int = DEFAULT_SEQ_LEN,
+        vocab_size: int | None = None,
+        n_train: int | None = None,
+        n_val: int | None = None,
+        branching: int | None = None,
+        data_seed: int = DEFAULT_DATA_SEED,
+        text_path: str | os.PathLike[str] | None = None,
+        val_fraction: float | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        val_batch_size: int = DEFAULT_VAL_BATCH_SIZE,
+        num_workers: int = DEFAULT_NUM_WORKERS,
+        seed: int = DEFAULT_SEED,
+    ) -> None:
+        super().__init__(
+            batch_size=batch_size,
+            val_batch_size=val_batch_size,
+            num_workers=num_workers,
+            seed=seed,
+        )
+        self.seq_len = require_int("seq_len", seq_len, 1)
+        self.data_seed = require_int("data_seed", data_seed, 0)
+        self.text_path: Path | None = None
+        self.vocab: tuple[str, ...] | None = None
+        # Synthetic mode only (None with text_path); the chain is filled by ``setup``.
+        self.n_train: int | None = None
+        self.n_val: int | None = None
+        self.branching: int | None = None
+        self.transition_successors: torch.Tensor | None = None
+        self.transition_probs: torch.Tensor | None = None
+        self.val_fraction: float | None = None
+        self._char_to_id: dict[str, int] = {}
+        self._text_ids: torch.Tensor | None = None
+
+        if text_path is None:
+            if val_fraction is not None:
+                raise ValueError(
+                    "val_fraction applies only with text_path; synthetic mode takes n_train/n_val"
+                )
+            self._vocab_size = require_int(
+                "vocab_size", _or(vocab_size, DEFAULT_VOCAB_SIZE), MIN_VOCAB_SIZE
+            )
+            self.n_train = require_int("n_train", _or(n_train, DEFAULT_TOKEN_N_TRAIN), 1)
+            self.n_val = require_int("n_val", _or(n_val, DEFAULT_TOKEN_N_VAL), 1)
+            self.branching = require_int("branching", _or(branching, DEFAULT_BRANCHING), 1)
+            if self.branching > self._vocab_size:
+                raise ValueError(
+                    f"branching must be <= vocab_size ({self._vocab_size}), got {self.branching}"
+                )
+            return
+
+        for name, value in (
+            ("vocab_size", vocab_size),
+            ("n_train", n_train),
+            ("n_val", n_val),
+            ("branching", branching),
+        ):
+            if value is not None:
+                raise ValueError(
+                    f"{name} applies only to synthetic sequences; with text_path the text "
+                    f"sets it, so leave {name} unset"
+                )
+        self.val_fraction = require_fraction(
+            "val_fraction", _or(val_fraction, DEFAULT_TEXT_VAL_FRACTION)
+        )
+        self.text_path = Path(text_path).expanduser()
+        # Read now, not in setup: the host is built from ``n_classes`` before any data loads.
+        self._load_text()
+
+    @property
+    def task(self) -> Task:
+        return TASK_LANGUAGE_MODEL
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return (self.seq_len,)
+
+    @property
+    def n_classes(self) -> int:
+        return self._vocab_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    def encode(self, text: str) -> torch.Tensor:
+        """Text mode only: characters to int64 ids; an unknown character is an error."""
+        if self.vocab is None:
+            raise ValueError("encode needs text_path: synthetic tokens have no characters")
+        unknown = sorted(set(text) - self._char_to_id.keys())
+        if unknown:
+            raise ValueError(f"characters not in the vocabulary of {self.text_path}: {unknown!r}")
+        return torch.tensor([self._char_to_id[ch] for ch in text], dtype=torch.int64)
+
+    def decode(self, ids: torch.Tensor) -> str:
+        """Text mode only: int ids back to text, for looking at samples."""
+        if self.vocab is None:
+            raise ValueError("decode needs text_path: synthetic tokens have no characters")
+        vocab = self.vocab
+        return "".join(vocab[i] for i in ids.reshape(-1).tolist())
+
+    def _load_text(self) -> None:
+        assert self.text_path is not None and self.val_fraction is not None
+        path = self.text_path
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"text_path {path} does not exist or is not a file; pass a UTF-8 text file"
+            )
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"text_path {path} is not valid UTF-8: {exc}") from exc
+        minimum = min_text_length(self.seq_len, self.val_fraction)
+        if len(text) < minimum:
+            raise ValueError(
+                f"text_path {path} has {len(text)} characters; with seq_len={self.seq_len} and "
+                f"val_fraction={self.val_fraction} it needs at least {minimum} characters "
+                f"(one window of seq_len + 1 = {self.seq_len + 1} in each split)"
+            )
+        vocab = tuple(sorted(set(text)))
+        if len(vocab) < MIN_TEXT_VOCAB:
+            raise ValueError(
+                f"text_path {path} uses {len(vocab)} distinct character(s); "
+                f"at least {MIN_TEXT_VOCAB} are needed for a prediction task"
+            )
+        self.vocab = vocab
+        self._vocab_size = len(vocab)
+        self._char_to_id = {ch: i for i, ch in enumerate(vocab)}
+        self._text_ids = torch.tensor([self._char_to_id[ch] for ch in text], dtype=torch.int64)
+
+    def _build_datasets(self) -> tuple[TensorDataset, TensorDataset]:
+        if self._text_ids is None:
+            return self._build_synthetic()
+        assert self.val_fraction is not None
+        ids = self._text_ids
+        n_val_chars = _val_chars(len(ids), self.val_fraction)
+        train_ids, val_ids = ids[: len(ids) - n_val_chars], ids[len(ids) - n_val_chars :]
+        return _windows(train_ids, self.seq_len), _windows(val_ids, self.seq_len)
+
+    def _build_synthetic(self) -> tuple[TensorDataset, TensorDataset]:
+        assert self.n_train is not None and self.n_val is not None and self.branching is not None
+        generator = torch.Generator().manual_seed(self.data_seed)
+        vocab, k = self._vocab_size, self.branching
+        # Each token's k distinct successors, and a random distribution over them.
+        successors = torch.argsort(torch.rand(vocab, vocab, generator=generator), dim=1)[:, :k]
+        probs = torch.rand(vocab, k, generator=generator) + _PROB_FLOOR
+        probs = probs / probs.sum(dim=1, keepdim=True)
+        self.transition_successors, self.transition_probs = successors, probs
+        return (
+            self._sample_chain(self.n_train, successors, probs, generator),
+            self._sample_chain(self.n_val, successors, probs, generator),
+        )
+
+    def _sample_chain(
+        self,
+        n: int,
+        successors: torch.Tensor,
+        probs: torch.Tensor,
+        generator: torch.Generator,
+    ) -> TensorDataset:
+        tokens = torch.empty(n, self.seq_len + 1, dtype=torch.int64)
+        tokens[:, 0] = torch.randint(self._vocab_size, (n,), generator=generator)
+        for t in range(self.seq_len):
+            current = tokens[:, t]
+            choice = torch.multinomial(probs[current], 1, generator=generator).squeeze(1)
+            tokens[:, t + 1] = successors[current, choice]
+        return TensorDataset(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+
+
+# Keeps every successor's probability away from zero, so each listed edge really occurs.
+_PROB_FLOOR = 0.1
+
+
+def _or(value: int | float | None, default: int | float) -> int | float:
+    return default if value is None else value
+
+
+def _val_chars(n_chars: int, val_fraction: float) -> int:
+    """Characters held out for validation: the last ``floor(n_chars * val_fraction)``."""
+    return math.floor(n_chars * val_fraction)
+
+
+def min_text_length(seq_len: int, val_fraction: float) -> int:
+    """Fewest characters that leave one ``seq_len + 1`` window in each split."""
+    window = seq_len + 1
+    # Closed-form lower bounds (each side's floor), less one for float rounding; the
+    # loop then settles the exact value in a step or two whatever the fraction.
+    n = max(
+        2 * window,
+        math.floor(window / val_fraction) - 1,
+        math.floor((window - 1) / (1.0 - val_fraction)) - 1,
+    )
+    while True:
+        n_val = _val_chars(n, val_fraction)
+        if n_val >= window and n - n_val >= window:
+            return n
+        n += 1
+
+
+def _windows(ids: torch.Tensor, seq_len: int) -> TensorDataset:
+    """Windows of ``seq_len + 1`` with stride ``seq_len``: ``x`` is the head, ``y`` the tail."""
+    n_windows = (len(ids) - 1) // seq_len
+    starts = torch.arange(n_windows) * seq_len
+    windows = ids[starts[:, None] + torch.arange(seq_len + 1)]
+    return TensorDataset(windows[:, :-1].contiguous(), windows[:, 1:].contiguous())
