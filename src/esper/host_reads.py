@@ -1,0 +1,206 @@
+"""Count every place a tensor's value is read on the host, so the hot path can be held to zero.
+
+A host read (``.item()``, ``bool(t)``, ``nonzero()``, boolean-mask indexing, ...) makes the
+CPU wait for the device to finish everything queued before it: on a GPU it stalls the
+pipeline, and many small ones are what made the earlier system slow. Reviews miss them, so
+tests run the rollout loop under :class:`HostReadCounter` and require a count of zero.
+
+Two layers, because neither alone sees everything:
+
+* a ``TorchDispatchMode`` sees the aten ops that need a value on the host
+  (``_local_scalar_dense`` behind ``item``/``float``/``bool``/``int``, ``nonzero``,
+  ``masked_select``, boolean ``index``, ``unique``, ``equal``, ``is_nonzero``), from
+  Python and C++ alike;
+* wrappers on ``Tensor.item/tolist/cpu/numpy/__bool__/__float__/__int__/__index__`` see the
+  calls that never dispatch an aten op (``tolist``/``numpy`` read memory directly, and
+  ``cpu()`` of a CPU tensor is a no-op) but are host reads on a GPU.
+
+On a CPU-only machine every such call is counted, device or not: the CPU run is the proxy
+for the GPU run, so a read that would sync on CUDA must show up here.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from types import FrameType, TracebackType
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+#: aten overload packets whose result depends on a tensor's value read on the host.
+_READ_OPS: frozenset[str] = frozenset(
+    {
+        "aten::_local_scalar_dense",
+        "aten::nonzero",
+        "aten::nonzero_static",
+        "aten::argwhere",
+        "aten::masked_select",
+        "aten::_unique",
+        "aten::_unique2",
+        "aten::unique_dim",
+        "aten::unique_consecutive",
+        "aten::unique_dim_consecutive",
+        "aten::equal",
+        "aten::is_nonzero",
+        "aten::allclose",
+    }
+)
+#: Indexing is a host read only when an index is a boolean mask (it becomes ``nonzero``).
+_INDEX_OPS: frozenset[str] = frozenset({"aten::index", "aten::index_put", "aten::index_put_"})
+
+#: Tensor methods that read values on the host without necessarily dispatching an aten op.
+WRAPPED_METHODS: tuple[str, ...] = (
+    "item",
+    "tolist",
+    "cpu",
+    "numpy",
+    "__bool__",
+    "__float__",
+    "__int__",
+    "__index__",
+)
+
+#: Reads made by these packages are host-side bookkeeping on CPU tensors (the sampler's
+#: ``randperm(...).tolist()``, the loader's base seed), never a device sync.
+DEFAULT_IGNORED_PATHS: tuple[str, ...] = ("torch/utils/data/",)
+
+#: How many caller frames a recorded read keeps, for the failure message.
+_TRACE_DEPTH = 6
+
+
+@dataclass(frozen=True)
+class HostRead:
+    """One counted read: what it was and where in user code it came from."""
+
+    what: str
+    where: str
+
+
+class HostReadCounter(TorchDispatchMode):
+    """Context manager counting host reads of tensor values made inside it.
+
+    ``reads`` lists each one with a short stack, so a failing test says where to look.
+    Reads made from frames under ``ignore_paths`` are not counted; pass ``()`` to count all.
+    Nesting a counter inside another is refused: the method wrappers are process-global.
+    """
+
+    _active_lock = threading.Lock()
+    _active: HostReadCounter | None = None
+
+    def __init__(self, ignore_paths: Iterable[str] = DEFAULT_IGNORED_PATHS) -> None:
+        super().__init__()
+        self.ignore_paths = tuple(p.replace("\\", "/") for p in ignore_paths)
+        self.reads: list[HostRead] = []
+        self._originals: dict[str, Callable[..., Any]] = {}
+        self._depth = threading.local()
+
+    # ----------------------------------------------------------------- results
+    @property
+    def count(self) -> int:
+        return len(self.reads)
+
+    def report(self) -> str:
+        """A readable list of the reads, for assertion messages."""
+        if not self.reads:
+            return "no host reads"
+        lines = [f"{self.count} host read(s):"]
+        for read in self.reads:
+            lines.append(f"- {read.what}\n{read.where}")
+        return "\n".join(lines)
+
+    # --------------------------------------------------------------- recording
+    def _inside(self) -> bool:
+        return getattr(self._depth, "value", 0) > 0
+
+    def _record(self, what: str) -> None:
+        frames = _user_frames(sys._getframe(2))
+        if any(self._ignored(f) for f in frames):
+            return
+        where = "".join(traceback.format_list(traceback.extract_stack(frames[0])[-_TRACE_DEPTH:]))
+        self.reads.append(HostRead(what, where))
+
+    def _ignored(self, frame: FrameType) -> bool:
+        filename = frame.f_code.co_filename.replace("\\", "/")
+        return any(path in filename for path in self.ignore_paths)
+
+    # --------------------------------------------------------- dispatch layer
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        name = func._schema.name
+        if not self._inside() and (
+            name in _READ_OPS or (name in _INDEX_OPS and _has_bool_index(args))
+        ):
+            self._record(f"aten op {func}")
+        return func(*args, **kwargs)
+
+    # ----------------------------------------------------------- method layer
+    def _wrap(self, method: str) -> Callable[..., Any]:
+        original = getattr(torch.Tensor, method)
+        counter = self
+
+        def wrapper(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if counter._inside():
+                return original(tensor, *args, **kwargs)
+            counter._record(f"Tensor.{method}")
+            counter._depth.value = 1
+            try:
+                return original(tensor, *args, **kwargs)
+            finally:
+                counter._depth.value = 0
+
+        wrapper.__name__ = method
+        self._originals[method] = original
+        return wrapper
+
+    def __enter__(self) -> HostReadCounter:
+        with HostReadCounter._active_lock:
+            if HostReadCounter._active is not None:
+                raise RuntimeError("HostReadCounter cannot be nested; exit the outer one first")
+            HostReadCounter._active = self
+        for method in WRAPPED_METHODS:
+            setattr(torch.Tensor, method, self._wrap(method))
+        return super().__enter__()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            super().__exit__(exc_type, exc, tb)
+        finally:
+            for method, original in self._originals.items():
+                setattr(torch.Tensor, method, original)
+            self._originals.clear()
+            with HostReadCounter._active_lock:
+                HostReadCounter._active = None
+
+
+def _has_bool_index(args: tuple[Any, ...]) -> bool:
+    """True when an ``index``/``index_put`` call carries a bool/uint8 mask among its indices."""
+    if len(args) < 2:
+        return False
+    indices = args[1]
+    if not isinstance(indices, (list, tuple)):
+        return False
+    return any(
+        isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices
+    )
+
+
+def _user_frames(frame: FrameType | None) -> list[FrameType]:
+    """The caller's frames, innermost first, skipping this module and torch's dispatch glue."""
+    frames: list[FrameType] = []
+    here = __file__
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename != here and "torch/utils/_python_dispatch" not in filename.replace("\\", "/"):
+            frames.append(frame)
+        frame = frame.f_back
+    return frames

@@ -1,0 +1,80 @@
+"""The host-read counter must see every kind of read the hot-path rule forbids."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from esper.host_reads import HostReadCounter
+
+READS: dict[str, Callable[[torch.Tensor], object]] = {
+    "item": lambda t: t.sum().item(),
+    "tolist": lambda t: t.tolist(),
+    "cpu": lambda t: t.cpu(),
+    "numpy": lambda t: t.numpy(),
+    "bool": lambda t: bool(t.sum() > 0),
+    "if_tensor": lambda t: 1 if t.sum() > 0 else 0,
+    "float": lambda t: float(t.sum()),
+    "int": lambda t: int(t.sum()),
+    "index": lambda t: [0, 1, 2][t.long()[0]],
+    "nonzero": lambda t: t.nonzero(),
+    "bool_mask_index": lambda t: t[t > 0],
+    "bool_mask_assign": lambda t: t.clone().__setitem__(t > 0, 0.0),
+    "masked_select": lambda t: torch.masked_select(t, t > 0),
+    "unique": lambda t: torch.unique(t),
+    "equal": lambda t: torch.equal(t, t),
+    "allclose": lambda t: torch.allclose(t, t),
+}
+
+
+@pytest.mark.parametrize("name", sorted(READS))
+def test_each_forbidden_read_is_counted_once(name: str) -> None:
+    t = torch.arange(4.0)
+    with HostReadCounter() as counter:
+        READS[name](t)
+    assert counter.count == 1, counter.report()
+
+
+def test_device_side_work_is_not_a_read() -> None:
+    t = torch.randn(8, 3, requires_grad=True)
+    acc = torch.zeros(())
+    flags = torch.ones(3, dtype=torch.bool)
+    with HostReadCounter() as counter:
+        loss = (t * 2).relu().sum()
+        loss.backward()
+        acc.add_(loss.detach())
+        flags.logical_and_(torch.isfinite(t.grad).all(dim=0))
+        torch.where(t > 0, t, 0.0).argmax(dim=1)
+        t[:, 1:2].detach().clone()
+    assert counter.count == 0, counter.report()
+
+
+def test_data_loader_bookkeeping_is_ignored_by_default_but_countable() -> None:
+    loader = DataLoader(TensorDataset(torch.arange(10.0)), batch_size=4, shuffle=True)
+    with HostReadCounter() as counter:
+        list(loader)
+    assert counter.count == 0, counter.report()
+    with HostReadCounter(ignore_paths=()) as strict:
+        list(loader)
+    assert strict.count > 0
+
+
+def test_report_names_the_calling_line() -> None:
+    with HostReadCounter() as counter:
+        torch.ones(2).sum().item()
+    assert "test_report_names_the_calling_line" in counter.report()
+
+
+def test_tensor_methods_are_restored_on_exit_even_after_an_error() -> None:
+    original = torch.Tensor.item
+    with pytest.raises(ZeroDivisionError), HostReadCounter():
+        _ = 1 / 0
+    assert torch.Tensor.item is original
+
+
+def test_nesting_is_refused() -> None:
+    with HostReadCounter(), pytest.raises(RuntimeError, match="nested"), HostReadCounter():
+        pass
