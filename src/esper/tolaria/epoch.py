@@ -1,0 +1,267 @@
+"""One host epoch for a batch of envs: train every env, then one fused validation pass.
+
+Nothing here reads a tensor's value on the host. Losses, correct counts and the
+finite-gradient flags accumulate in device tensors that the caller reads once, in the
+step's single packed transfer; sample counts come from shapes, which Python already knows.
+
+Shapes: ``E`` envs, ``S`` slots per host (every env runs the same host architecture).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+from esper.contracts import SeedStage
+from esper.kasmina.growing_host import GrowingHost
+
+#: Stages whose seed changes the slot's output and can be switched off for a counterfactual.
+COUNTERFACTUAL_STAGES: frozenset[SeedStage] = frozenset({SeedStage.BLENDING, SeedStage.HOLDING})
+
+
+@dataclass(frozen=True)
+class EpochResult:
+    """Per-env figures of one epoch, all device tensors.
+
+    Attributes:
+        train_loss: ``[E]`` mean training loss over the epoch's batches.
+        train_acc: ``[E]`` fraction of training predictions that were correct.
+        val_loss: ``[E]`` mean validation loss with every seed at its own alpha.
+        val_acc: ``[E]`` validation accuracy with every seed at its own alpha.
+        cf_val_acc: ``[E, S]`` validation accuracy with that slot's alpha forced to 0;
+            equal to ``val_acc`` where the slot holds no BLENDING/HOLDING seed, so
+            ``val_acc - cf_val_acc`` is each seed's counterfactual contribution.
+        loss_finite: ``[E]`` bool, every training loss of the epoch was finite.
+        seed_grads_finite: ``[E, S]`` bool, every gradient of that slot's live seed was
+            finite (True where the slot trains no seed).
+    """
+
+    train_loss: Tensor
+    train_acc: Tensor
+    val_loss: Tensor
+    val_acc: Tensor
+    cf_val_acc: Tensor
+    loss_finite: Tensor
+    seed_grads_finite: Tensor
+
+    @property
+    def contribution(self) -> Tensor:
+        """``[E, S]`` accuracy each slot's seed adds over its counterfactual."""
+        return self.val_acc.unsqueeze(1) - self.cf_val_acc
+
+    def as_dict(self) -> dict[str, Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class _EnvAccumulator:
+    """One env's running sums, written only on that env's stream."""
+
+    loss_sum: Tensor
+    correct: Tensor
+    loss_finite: Tensor
+    grads_finite: Tensor  # [S] bool
+    seen: int = 0
+
+
+def run_epoch(
+    envs: Sequence[GrowingHost],
+    train_batches: Iterable[tuple[Tensor, Tensor]],
+    val_batches: Iterable[tuple[Tensor, Tensor]],
+) -> EpochResult:
+    """Train each env for one pass over ``train_batches``, then validate all envs together.
+
+    Every train batch is split into ``E`` contiguous shares, one per env, so the envs see
+    disjoint data and one loader (pinned on CUDA) feeds them all. On CUDA each env trains on
+    its own stream, letting small hosts overlap. Validation iterates ``val_batches`` once;
+    each batch goes to every env as ``1 + K`` stacked replicas, where replica ``k > 0``
+    runs with the ``k``-th BLENDING/HOLDING seed's alpha at 0, giving all counterfactual
+    accuracies from the same pass.
+    """
+    if not envs:
+        raise ValueError("run_epoch needs at least one env")
+    slot_ids = envs[0].slot_ids
+    for i, env in enumerate(envs):
+        if env.slot_ids != slot_ids:
+            raise ValueError(
+                f"env {i} has slots {list(env.slot_ids)} but env 0 has {list(slot_ids)}; "
+                "all envs of one run must use the same host architecture"
+            )
+    device = envs[0].device
+    train = _train(envs, train_batches, device)
+    for i, acc in enumerate(train):
+        if acc.seen == 0:
+            raise ValueError(
+                f"env {i} received no training samples this epoch; the train loader must "
+                f"yield at least one batch of at least {len(envs)} samples (one per env)"
+            )
+    val_loss, val_acc, cf_acc = _validate(envs, val_batches, device)
+    return EpochResult(
+        train_loss=torch.stack([a.loss_sum / a.seen for a in train]),
+        train_acc=torch.stack([a.correct / a.seen for a in train]),
+        val_loss=val_loss,
+        val_acc=val_acc,
+        cf_val_acc=cf_acc,
+        loss_finite=torch.stack([a.loss_finite for a in train]),
+        seed_grads_finite=torch.stack([a.grads_finite for a in train]),
+    )
+
+
+# --------------------------------------------------------------------------- train
+def _train(
+    envs: Sequence[GrowingHost], batches: Iterable[tuple[Tensor, Tensor]], device: torch.device
+) -> list[_EnvAccumulator]:
+    n_slots = len(envs[0].slot_ids)
+    accs = [
+        _EnvAccumulator(
+            loss_sum=torch.zeros((), device=device),
+            correct=torch.zeros((), device=device, dtype=torch.long),
+            loss_finite=torch.ones((), device=device, dtype=torch.bool),
+            grads_finite=torch.ones(n_slots, device=device, dtype=torch.bool),
+        )
+        for _ in envs
+    ]
+    for env in envs:
+        env.model.train()
+    streams = _env_streams(len(envs), device)
+    main = torch.cuda.current_stream(device) if streams else None
+    for x_cpu, y_cpu in batches:
+        x = x_cpu.to(device, non_blocking=True)
+        y = y_cpu.to(device, non_blocking=True)
+        shares = zip(x.tensor_split(len(envs)), y.tensor_split(len(envs)), strict=True)
+        for i, (env, acc, (xe, ye)) in enumerate(zip(envs, accs, shares, strict=True)):
+            if xe.shape[0] == 0:
+                continue
+            with _on_stream(streams, i, main, (xe, ye)):
+                _train_step(env, acc, xe, ye)
+    if streams:
+        for stream in streams:
+            main.wait_stream(stream)  # type: ignore[union-attr]
+    return accs
+
+
+def _train_step(env: GrowingHost, acc: _EnvAccumulator, x: Tensor, y: Tensor) -> None:
+    env.zero_grad()
+    outputs = env.model(x)
+    loss, correct, count = env.model.loss_and_correct(outputs, y)
+    loss.backward()
+    _update_grad_flags(env, acc.grads_finite)
+    env.step()
+    loss = loss.detach()
+    acc.loss_sum.add_(loss * count)
+    acc.correct.add_(correct)
+    acc.loss_finite.logical_and_(torch.isfinite(loss))
+    acc.seen += count
+
+
+def _update_grad_flags(env: GrowingHost, flags: Tensor) -> None:
+    """AND each trained seed's "all gradients finite" into its slot's flag, on the device."""
+    for s, slot_id in enumerate(env.slot_ids):
+        if slot_id not in env.seed_optimizers:
+            continue
+        grads = [p.grad for p in env.model.slot(slot_id).seed_parameters() if p.grad is not None]
+        if grads:
+            norm = torch.nn.utils.get_total_norm(grads)
+            flags[s : s + 1].logical_and_(torch.isfinite(norm))
+
+
+# ---------------------------------------------------------------------- validation
+@torch.no_grad()
+def _validate(
+    envs: Sequence[GrowingHost], batches: Iterable[tuple[Tensor, Tensor]], device: torch.device
+) -> tuple[Tensor, Tensor, Tensor]:
+    plans = [_CounterfactualPlan(env, device) for env in envs]
+    loss_sums = [torch.zeros(p.replicas, device=device) for p in plans]
+    corrects = [torch.zeros(p.replicas, device=device, dtype=torch.long) for p in plans]
+    seen = 0
+    for env in envs:
+        env.model.eval()
+    try:
+        for x_cpu, y_cpu in batches:
+            x = x_cpu.to(device, non_blocking=True)
+            y = y_cpu.to(device, non_blocking=True)
+            for env, plan, loss_sum, correct in zip(envs, plans, loss_sums, corrects, strict=True):
+                r = plan.replicas
+                stacked = x.unsqueeze(0).expand(r, *x.shape).reshape(r * x.shape[0], *x.shape[1:])
+                outputs = env.model(stacked)
+                loss_sum.add_(env.model.loss_per_replica(outputs, y, r))
+                correct.add_(env.model.correct_per_replica(outputs, y, r))
+            seen += y.numel()
+    finally:
+        for plan in plans:
+            plan.clear()
+        for env in envs:
+            env.model.train()
+    if seen == 0:
+        raise ValueError("the validation loader yielded no samples; it must not be empty")
+    val_loss = torch.stack([s[0] for s in loss_sums]) / seen
+    accuracies = [c / seen for c in corrects]
+    val_acc = torch.stack([a[0] for a in accuracies])
+    # Integer indexing makes views: building [E, S] this way needs no index tensor upload.
+    cf_acc = torch.stack(
+        [
+            torch.stack([acc[r] for r in plan.slot_to_replica])
+            for acc, plan in zip(accuracies, plans, strict=True)
+        ]
+    )
+    return val_loss, val_acc, cf_acc
+
+
+class _CounterfactualPlan:
+    """Which replica switches off which slot's seed, for one env's validation pass.
+
+    Replica 0 is the env as it is; replica ``k`` scales the ``k``-th blending seed's alpha
+    by 0. ``slot_to_replica[s]`` picks the replica whose accuracy is slot ``s``'s
+    counterfactual (0 for slots with nothing to switch off).
+    """
+
+    def __init__(self, env: GrowingHost, device: torch.device) -> None:
+        slots = list(env.model.iter_slots())
+        blending = [s for s in slots if s.has_seed and s.stage in COUNTERFACTUAL_STAGES]
+        self.replicas = 1 + len(blending)
+        self._slots = blending
+        replica_of = {id(s): k + 1 for k, s in enumerate(blending)}
+        self.slot_to_replica = [replica_of.get(id(s), 0) for s in slots]
+        for k, slot in enumerate(blending):
+            # Built on the device: uploading a pageable host tensor would wait for the stream.
+            scale = torch.ones(self.replicas, device=device)
+            scale[k + 1] = 0.0
+            slot.set_counterfactual_scale(scale)
+
+    def clear(self) -> None:
+        for slot in self._slots:
+            slot.set_counterfactual_scale(None)
+
+
+# ------------------------------------------------------------------------- streams
+def _env_streams(n_envs: int, device: torch.device) -> list[torch.cuda.Stream]:
+    """One side stream per env on CUDA, none elsewhere."""
+    if device.type != "cuda":
+        return []
+    main = torch.cuda.current_stream(device)
+    streams = [torch.cuda.Stream(device) for _ in range(n_envs)]
+    for stream in streams:
+        stream.wait_stream(main)  # the env's weights were last touched on the main stream
+    return streams
+
+
+@contextlib.contextmanager
+def _on_stream(
+    streams: list[torch.cuda.Stream],
+    index: int,
+    main: torch.cuda.Stream | None,
+    inputs: tuple[Tensor, ...],
+) -> Iterator[None]:
+    if not streams:
+        yield
+        return
+    stream = streams[index]
+    stream.wait_stream(main)  # type: ignore[arg-type]  # the batch was copied on main
+    for t in inputs:
+        t.record_stream(stream)  # keep the batch's memory alive until this stream is done
+    with torch.cuda.stream(stream):
+        yield
