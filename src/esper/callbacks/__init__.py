@@ -1,0 +1,27 @@
+"""Lightning callbacks that watch and steer a run, and their registry.
+
+Third-party callbacks join through the entry-point group ``esper.callbacks``; an entry is a
+``lightning.pytorch.Callback`` subclass, built with keyword arguments from the config.
+"""
+
+from __future__ import annotations
+
+from lightning.pytorch import Callback
+
+from esper.plugins import Registry
+
+
+def _as_callback_class(name: str, obj: object) -> type[Callback]:
+    if not (isinstance(obj, type) and issubclass(obj, Callback)):
+        raise TypeError(
+            f"expected a subclass of lightning.pytorch.Callback, got {obj!r}; "
+            "point the entry point at the callback class, not an instance"
+        )
+    return obj
+
+
+CALLBACKS: Registry[type[Callback]] = Registry(
+    "esper.callbacks", "callback", validate=_as_callback_class
+)
+
+__all__ = ["CALLBACKS"]
