@@ -128,6 +128,19 @@ def _train(
     for env in envs:
         env.model.train()
     streams = _env_streams(len(envs), device)
+    # Callers may hold a no-grad context (the rollout loop does); host training needs grads.
+    with torch.enable_grad():
+        _train_batches(envs, accs, batches, device, streams)
+    return accs
+
+
+def _train_batches(
+    envs: Sequence[GrowingHost],
+    accs: list[_EnvAccumulator],
+    batches: Iterable[tuple[Tensor, Tensor]],
+    device: torch.device,
+    streams: list[torch.cuda.Stream],
+) -> None:
     main = torch.cuda.current_stream(device) if streams else None
     for x_cpu, y_cpu in batches:
         x = x_cpu.to(device, non_blocking=True)
@@ -141,7 +154,6 @@ def _train(
     if streams:
         for stream in streams:
             main.wait_stream(stream)  # type: ignore[union-attr]
-    return accs
 
 
 def _train_step(env: GrowingHost, acc: _EnvAccumulator, x: Tensor, y: Tensor) -> None:

@@ -42,18 +42,18 @@ def test_train_split_is_standardised(digits: DigitsDataModule) -> None:
 
 def test_same_seed_gives_same_batches_and_drop_last(digits: DigitsDataModule) -> None:
     other = DigitsDataModule(batch_size=BATCH, val_batch_size=256, seed=3)
-    first = list(digits.train_dataloader())
-    second = list(other.train_dataloader())
+    first = list(digits.host_train_dataloader())
+    second = list(other.host_train_dataloader())
     assert len(first) == digits.train_size // BATCH
     for (xa, ya), (xb, yb) in zip(first, second, strict=True):
         assert xa.shape[0] == BATCH
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
     different = DigitsDataModule(batch_size=BATCH, val_batch_size=256, seed=4)
-    assert not torch.equal(next(iter(different.train_dataloader()))[1], first[0][1])
+    assert not torch.equal(next(iter(different.host_train_dataloader()))[1], first[0][1])
 
 
 def test_val_loader_covers_every_sample_in_order(digits: DigitsDataModule) -> None:
-    ys = torch.cat([y for _, y in digits.val_dataloader()])
+    ys = torch.cat([y for _, y in digits.host_val_dataloader()])
     assert torch.equal(ys, digits.val_dataset.tensors[1])
 
 

@@ -20,7 +20,7 @@ def test_shapes_and_balance() -> None:
     counts = torch.bincount(y, minlength=5)
     assert counts.max() - counts.min() <= 1
     assert set(dm.val_dataset.tensors[1].tolist()) == set(range(5))
-    batches = list(dm.train_dataloader())
+    batches = list(dm.host_train_dataloader())
     assert len(batches) == 53 // BATCH and all(b[0].shape[0] == BATCH for b in batches)
 
 
@@ -32,8 +32,8 @@ def test_deterministic_for_data_seed_and_independent_of_shuffle_seed() -> None:
         for ta, tb in zip(getattr(a, split).tensors, getattr(b, split).tensors, strict=True):
             assert torch.equal(ta, tb)
     assert not torch.equal(a.train_dataset.tensors[0], c.train_dataset.tensors[0])
-    first_a = next(iter(a.train_dataloader()))[1]
-    assert torch.equal(first_a, next(iter(a.train_dataloader()))[1])
+    first_a = next(iter(a.host_train_dataloader()))[1]
+    assert torch.equal(first_a, next(iter(a.host_train_dataloader()))[1])
 
 
 def test_class_means_differ_and_nearest_mean_classifies_val() -> None:

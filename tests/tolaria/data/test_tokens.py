@@ -21,7 +21,7 @@ def test_synthetic_shapes_and_shifted_targets() -> None:
     dm = TokenSequenceDataModule(batch_size=BATCH)
     assert dm.task == "language_model"
     assert dm.input_shape == (DEFAULT_SEQ_LEN,) and dm.n_classes == DEFAULT_VOCAB_SIZE
-    x, y = next(iter(dm.train_dataloader()))
+    x, y = next(iter(dm.host_train_dataloader()))
     assert x.shape == y.shape == (BATCH, DEFAULT_SEQ_LEN)
     assert x.dtype == y.dtype == torch.int64
     assert torch.equal(y[:, :-1], x[:, 1:])

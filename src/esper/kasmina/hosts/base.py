@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from typing import Any
 
 from torch import Tensor, nn
 
 from esper.contracts import SeedStage
+from esper.kasmina.lifecycle import LifecycleConfig
 from esper.kasmina.slot import SeedSlot
 
 
@@ -22,6 +24,21 @@ class HostModel(nn.Module, ABC):
     #: The host family, matched against blueprints' ``host_kinds``.
     kind: str = ""
     slots: nn.ModuleDict
+
+    @classmethod
+    @abstractmethod
+    def from_data(
+        cls,
+        input_shape: tuple[int, ...],
+        n_classes: int,
+        lifecycle: LifecycleConfig | None = None,
+        **kwargs: Any,
+    ) -> HostModel:
+        """Build a host sized for a data module's ``input_shape`` and ``n_classes``.
+
+        The trainer builds hosts from data it only knows at run time; each host maps
+        those two numbers onto its own constructor (classes, vocabulary, sequence length).
+        """
 
     @property
     def slot_ids(self) -> tuple[str, ...]:

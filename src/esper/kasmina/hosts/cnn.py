@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -77,6 +78,16 @@ class CNNHost(HostModel):
                 h, w = h // POOL, w // POOL
             c_in = c
         self.head = nn.Linear(c_in, n_classes)
+
+    @classmethod
+    def from_data(
+        cls,
+        input_shape: tuple[int, ...],
+        n_classes: int,
+        lifecycle: LifecycleConfig | None = None,
+        **kwargs: Any,
+    ) -> CNNHost:
+        return cls(input_shape=input_shape, n_classes=n_classes, lifecycle=lifecycle, **kwargs)
 
     def check_input(self, x: Tensor) -> None:
         if tuple(x.shape[1:]) != self.input_shape or x.dim() != 4:

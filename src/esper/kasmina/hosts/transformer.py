@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -84,6 +86,22 @@ class TransformerHost(HostModel):
         )
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size)
+
+    @classmethod
+    def from_data(
+        cls,
+        input_shape: tuple[int, ...],
+        n_classes: int,
+        lifecycle: LifecycleConfig | None = None,
+        **kwargs: Any,
+    ) -> TransformerHost:
+        """Token data: ``input_shape`` is ``(seq_len,)`` and ``n_classes`` the vocabulary."""
+        if len(input_shape) != 1:
+            raise ValueError(
+                f"TransformerHost needs token sequences shaped (seq_len,), got input_shape "
+                f"{tuple(input_shape)}; use a token data module such as 'tokens'"
+            )
+        return cls(vocab_size=n_classes, seq_len=input_shape[0], lifecycle=lifecycle, **kwargs)
 
     def check_input(self, x: Tensor) -> None:
         if x.dim() != 2 or not 1 <= x.shape[1] <= self.seq_len:

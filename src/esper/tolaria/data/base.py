@@ -14,7 +14,7 @@ from typing import Literal
 
 import torch
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 TASK_CLASSIFICATION = "classification"
 TASK_LANGUAGE_MODEL = "language_model"
@@ -62,6 +62,18 @@ def require_fraction(name: str, value: object) -> float:
     if not 0.0 < float(value) < 1.0:  # also refuses NaN, for which every comparison is False
         raise ValueError(f"{name} must be strictly between 0 and 1, got {value}")
     return float(value)
+
+
+class _RolloutTicks(Dataset[int]):
+    """A one-item dataset: the item is a tick that starts one rollout."""
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> int:
+        if index != 0:
+            raise IndexError(index)
+        return 0
 
 
 class HostDataModule(LightningDataModule, ABC):
@@ -145,9 +157,20 @@ class HostDataModule(LightningDataModule, ABC):
         return len(self.val_dataset)
 
     def train_dataloader(self) -> DataLoader:
-        """A fresh generator per call: every loader built from one seed replays one order.
+        """What Lightning's fit loop iterates: one item per rollout, not host batches.
 
-        Within one loader the generator advances, so successive epochs still differ.
+        Lightning calls ``training_step`` once per item of this loader, and each
+        ``training_step`` collects a whole rollout (whose envs read the host batches from
+        :meth:`host_train_dataloader` themselves), so one Lightning epoch = one rollout
+        and its PPO update, and ``trainer.max_epochs`` counts updates.
+        """
+        return DataLoader(_RolloutTicks(), batch_size=None)
+
+    def host_train_dataloader(self) -> DataLoader:
+        """Host training batches for ``run_epoch``, shuffled by a generator seeded here.
+
+        Every loader built from one seed replays one order; within one loader the
+        generator advances, so an env that keeps its loader sees a new order each epoch.
         """
         generator = torch.Generator().manual_seed(self.seed)
         return DataLoader(
@@ -159,8 +182,11 @@ class HostDataModule(LightningDataModule, ABC):
             **self._loader_kwargs(),
         )
 
-    def val_dataloader(self) -> DataLoader:
-        """Every validation sample counts, so no shuffle and no dropped tail."""
+    def host_val_dataloader(self) -> DataLoader:
+        """Host validation batches for ``run_epoch``'s fused pass.
+
+        Every validation sample counts, so no shuffle and no dropped tail.
+        """
         return DataLoader(
             self.val_dataset,
             batch_size=self.val_batch_size,
