@@ -1,0 +1,305 @@
+"""The PPO update for the recurrent, masked policy: clipped surrogate, clipped value, entropy.
+
+Modelled on CleanRL's ``ppo.py``: :func:`ppo_update` reads top to bottom as the
+algorithm. What is specific to Esper:
+
+* **Recurrent minibatches.** A minibatch is a subset of *envs*, each with its whole
+  ``T``-step sequence and its stored initial hidden state, so the LSTM is unrolled over
+  exactly the data the rollout saw.
+* **Invalid steps.** A governor rollback drops some transitions of one env. They stay
+  in the tensors (shapes are fixed) with ``valid = False`` and are excluded by masked
+  means, never by boolean indexing (a host read). Their stored log-probs, values,
+  advantages and returns may hold anything, NaN included: they are replaced by zeros
+  before use, so they change neither the loss nor its gradient. Their *observations*
+  still run through the LSTM, as they did in the rollout, so they must be finite.
+* **Host reads.** With ``target_kl=None`` the update reads nothing on the host: every
+  statistic is returned as a device scalar for the caller's one packed transfer. With
+  ``target_kl`` set, the update reads the epoch's mean approx-KL once at the end of
+  each epoch to decide whether to stop early: at most ``update_epochs`` reads per
+  update, against the rollout loop's rule of none per step.
+* The minibatch permutation is drawn on the CPU (index bookkeeping; ``generator`` makes
+  it reproducible) and copied to the device without blocking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from esper.tamiyo.action_masks import ActionMasks
+from esper.tamiyo.policy import LSTMState, PolicyNetwork
+
+#: The statistics :func:`ppo_update` returns, each a mean over the minibatches it ran.
+STAT_NAMES: tuple[str, ...] = (
+    "policy_loss",
+    "value_loss",
+    "entropy",
+    "approx_kl",
+    "clip_fraction",
+    "grad_norm",
+)
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """PPO hyper-parameters; defaults follow CleanRL's ``ppo.py``.
+
+    ``n_minibatches`` splits the *envs* (whole sequences), so it may not exceed the
+    number of envs. ``value_clip_coef=None`` disables value clipping; ``target_kl=None``
+    disables early stopping (and with it the update's only host reads). ``gamma`` and
+    ``gae_lambda`` are read by GAE, kept here so one config describes the algorithm.
+    """
+
+    lr: float = 3e-4
+    clip_coef: float = 0.2
+    value_clip_coef: float | None = 0.2
+    vf_coef: float = 0.5
+    ent_coef: float = 0.01
+    update_epochs: int = 4
+    n_minibatches: int = 2
+    max_grad_norm: float = 0.5
+    target_kl: float | None = None
+    normalize_advantages: bool = True
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    adam_eps: float = 1e-5
+    advantage_norm_eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        positive = ("lr", "clip_coef", "max_grad_norm", "adam_eps", "advantage_norm_eps")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"PPOConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("value_clip_coef", "target_kl"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(
+                    f"PPOConfig.{name} must be > 0, or None to disable it; got {value!r}"
+                )
+        for name in ("vf_coef", "ent_coef"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"PPOConfig.{name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("update_epochs", "n_minibatches"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"PPOConfig.{name} must be an int >= 1, got {value!r}")
+        for name in ("gamma", "gae_lambda"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"PPOConfig.{name} must be in [0, 1], got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
+class PPOBatch:
+    """One rollout, env-major, all on the policy's device.
+
+    ``obs [E, T, D]``; ``actions [E, T, 4]`` long; ``log_probs``, ``values``,
+    ``advantages``, ``returns`` ``[E, T]`` float; ``masks`` with batch shape ``[E, T]``;
+    ``hidden0`` the LSTM state before step 0, each ``[layers, E, H]``;
+    ``episode_starts [E, T]`` bool (state is zeroed before these steps);
+    ``valid [E, T]`` bool (False = dropped, contributes nothing).
+    """
+
+    obs: Tensor
+    actions: Tensor
+    log_probs: Tensor
+    values: Tensor
+    advantages: Tensor
+    returns: Tensor
+    masks: ActionMasks
+    hidden0: LSTMState
+    episode_starts: Tensor
+    valid: Tensor
+
+    def __post_init__(self) -> None:
+        env_time = tuple(self.obs.shape[:2])
+        for name in ("log_probs", "values", "advantages", "returns", "episode_starts", "valid"):
+            shape = tuple(getattr(self, name).shape)
+            if shape != env_time:
+                raise ValueError(f"PPOBatch.{name} has shape {shape}, expected [E, T] = {env_time}")
+        if tuple(self.actions.shape[:2]) != env_time or self.actions.dim() != 3:
+            raise ValueError(
+                f"PPOBatch.actions has shape {tuple(self.actions.shape)}, expected [E, T, 4]"
+            )
+        if tuple(self.masks.batch_shape) != env_time:
+            raise ValueError(
+                f"PPOBatch.masks has batch shape {tuple(self.masks.batch_shape)}, expected {env_time}"
+            )
+        for name in ("episode_starts", "valid"):
+            if getattr(self, name).dtype != torch.bool:
+                raise TypeError(f"PPOBatch.{name} must be a bool tensor")
+        for state in self.hidden0:
+            if state.dim() != 3 or state.shape[1] != env_time[0]:
+                raise ValueError(
+                    f"PPOBatch.hidden0 tensors must be [layers, E={env_time[0]}, H], "
+                    f"got {tuple(state.shape)}"
+                )
+
+    @property
+    def n_envs(self) -> int:
+        return self.obs.shape[0]
+
+    def select_envs(self, env_idx: Tensor) -> PPOBatch:
+        """The sub-batch of envs ``env_idx`` (long, on the batch's device), sequences whole."""
+        per_env = {
+            f.name: getattr(self, f.name).index_select(0, env_idx)
+            for f in fields(self)
+            if f.name not in ("masks", "hidden0")
+        }
+        return PPOBatch(
+            **per_env,
+            masks=self.masks.index_envs(env_idx),
+            hidden0=(
+                self.hidden0[0].index_select(1, env_idx),
+                self.hidden0[1].index_select(1, env_idx),
+            ),
+        )
+
+
+class PPOLosses(NamedTuple):
+    """Scalar device tensors for one minibatch; the first three carry gradients."""
+
+    policy: Tensor
+    value: Tensor
+    entropy: Tensor
+    approx_kl: Tensor
+    clip_fraction: Tensor
+
+
+def masked_mean(x: Tensor, valid: Tensor) -> Tensor:
+    """Mean of ``x`` over ``valid`` entries (same shape); 0 if none is valid; non-finite
+    values at invalid entries neither leak into the result nor into its gradient."""
+    n_valid = valid.sum().clamp_min(1).to(x.dtype)
+    return torch.where(valid, x, 0.0).sum() / n_valid
+
+
+def ppo_losses(
+    batch: PPOBatch,
+    new_log_prob: Tensor,
+    entropy: Tensor,
+    new_value: Tensor,
+    config: PPOConfig,
+) -> PPOLosses:
+    """Clipped-surrogate, value and entropy terms for ``batch`` given the policy's
+    re-evaluation of it (``[E, T]`` each), averaged over valid steps."""
+    valid = batch.valid
+    # Invalid steps may hold garbage (NaN after a failed epoch): zero it before any
+    # arithmetic, or 0 * NaN would reach the gradient.
+    old_log_prob = torch.where(valid, batch.log_probs, 0.0)
+    old_value = torch.where(valid, batch.values, 0.0)
+    returns = torch.where(valid, batch.returns, 0.0)
+    advantages = torch.where(valid, batch.advantages, 0.0)
+    if config.normalize_advantages:
+        mean = masked_mean(advantages, valid)
+        std = masked_mean((advantages - mean).square(), valid).sqrt()
+        advantages = (advantages - mean) / (std + config.advantage_norm_eps)
+
+    log_ratio = new_log_prob - old_log_prob
+    ratio = log_ratio.exp()
+    with torch.no_grad():
+        approx_kl = masked_mean((ratio - 1) - log_ratio, valid)
+        clip_fraction = masked_mean(((ratio - 1.0).abs() > config.clip_coef).to(ratio.dtype), valid)
+
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * ratio.clamp(1 - config.clip_coef, 1 + config.clip_coef)
+    policy_loss = masked_mean(torch.maximum(pg_loss1, pg_loss2), valid)
+
+    value_loss_unclipped = (new_value - returns).square()
+    if config.value_clip_coef is not None:
+        value_clipped = old_value + (new_value - old_value).clamp(
+            -config.value_clip_coef, config.value_clip_coef
+        )
+        value_loss_per_step = torch.maximum(
+            value_loss_unclipped, (value_clipped - returns).square()
+        )
+    else:
+        value_loss_per_step = value_loss_unclipped
+    value_loss = 0.5 * masked_mean(value_loss_per_step, valid)
+
+    return PPOLosses(
+        policy=policy_loss,
+        value=value_loss,
+        entropy=masked_mean(entropy, valid),
+        approx_kl=approx_kl,
+        clip_fraction=clip_fraction,
+    )
+
+
+def make_optimizer(policy: nn.Module, config: PPOConfig) -> torch.optim.Adam:
+    """Adam with CleanRL's ``eps=1e-5`` (via ``config.adam_eps``).
+
+    Left non-capturable: Adam then keeps its step counters on the CPU and reads them with
+    ``.item()`` each step. Those are host-side scalars, not device syncs (a CPU-only
+    :class:`~esper.host_reads.HostReadCounter` still counts them; ignore ``torch/optim/``).
+    """
+    return torch.optim.Adam(policy.parameters(), lr=config.lr, eps=config.adam_eps)
+
+
+def ppo_update(
+    policy: PolicyNetwork,
+    optimizer: torch.optim.Optimizer,
+    batch: PPOBatch,
+    config: PPOConfig,
+    ent_coef: float | None = None,
+    generator: torch.Generator | None = None,
+) -> dict[str, Tensor]:
+    """Run ``config.update_epochs`` epochs of recurrent-minibatch PPO on ``batch``.
+
+    ``ent_coef`` overrides ``config.ent_coef`` (for annealing). Returns device scalars:
+    the :data:`STAT_NAMES` averaged over the minibatches run, and ``epochs_run`` (fewer
+    than ``update_epochs`` only after a target-KL stop). Host reads: none when
+    ``config.target_kl`` is None, else one per epoch run.
+    """
+    ent_coef = config.ent_coef if ent_coef is None else ent_coef
+    if not ent_coef >= 0:
+        raise ValueError(
+            f"ppo_update: ent_coef must be >= 0 (annealed towards 0), got {ent_coef!r}"
+        )
+    if batch.n_envs < config.n_minibatches:
+        raise ValueError(
+            f"PPOConfig.n_minibatches={config.n_minibatches} exceeds the batch's {batch.n_envs} "
+            "envs; minibatches are whole env sequences, so lower n_minibatches"
+        )
+    device = batch.obs.device
+    totals = torch.zeros(len(STAT_NAMES), device=device)
+    epochs_run = 0
+
+    for _ in range(config.update_epochs):
+        epoch_kl = torch.zeros((), device=device)
+        env_order = torch.randperm(batch.n_envs, generator=generator)
+        for env_idx in env_order.tensor_split(config.n_minibatches):
+            mb = batch.select_envs(env_idx.to(device, non_blocking=True))
+
+            new_log_prob, entropy, new_value = policy.evaluate(
+                mb.obs, mb.hidden0, mb.masks, mb.actions, mb.episode_starts
+            )
+            losses = ppo_losses(mb, new_log_prob, entropy, new_value, config)
+            loss = losses.policy - ent_coef * losses.entropy + config.vf_coef * losses.value
+
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
+            optimizer.step()
+
+            stats = {
+                "policy_loss": losses.policy,
+                "value_loss": losses.value,
+                "entropy": losses.entropy,
+                "approx_kl": losses.approx_kl,
+                "clip_fraction": losses.clip_fraction,
+                "grad_norm": grad_norm,
+            }
+            totals += torch.stack([stats[name].detach().to(totals.dtype) for name in STAT_NAMES])
+            epoch_kl += losses.approx_kl
+        epochs_run += 1
+
+        # The update's only host read, made only when early stopping is asked for.
+        if config.target_kl is not None and epoch_kl / config.n_minibatches > config.target_kl:
+            break
+
+    means = totals / (epochs_run * config.n_minibatches)
+    result = dict(zip(STAT_NAMES, means.unbind(), strict=True))
+    result["epochs_run"] = torch.full((), float(epochs_run), device=device)
+    return result

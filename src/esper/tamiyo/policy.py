@@ -1,0 +1,257 @@
+"""The policy: encoder MLP → LSTM → one masked categorical head per action head, plus a value.
+
+One forward pass acts for every env at once. The heads are factored but autoregressive
+through their masks *and* logits: the op is drawn first, then the slot from the row of
+the slot logits and slot mask that belong to that op, then the blueprint from the row
+that belongs to that slot. The rows are picked with ``gather`` on the device, so acting
+makes no host read.
+
+The log-prob and entropy of an action cover only the heads its op uses
+(``ActionSchema.head_usage()``), so a WAIT is not credited or blamed for a slot it
+never touched.
+
+Hidden state is ``(h, c)``, each ``[lstm_layers, E, hidden_size]``. Both :meth:`act`
+and :meth:`evaluate` zero it for an env whose step starts a new episode, before that
+step's LSTM update, so the update replays exactly what the rollout computed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from esper.contracts import ActionSchema
+from esper.tamiyo.action_masks import ActionMasks
+from esper.tamiyo.distributions import MaskedCategorical
+
+#: ``(h, c)``, each ``[lstm_layers, E, hidden_size]``.
+LSTMState = tuple[Tensor, Tensor]
+
+#: Position of each head in an action vector, following ``contracts.actions.HEAD_NAMES``.
+OP, SLOT, BLUEPRINT, BLEND = range(4)
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Sizes and init gains of :class:`PolicyNetwork`.
+
+    The gains follow CleanRL: ``sqrt(2)`` for hidden layers, a small gain for the policy
+    heads so the first policy is close to uniform over the legal choices, 1 for the value.
+    """
+
+    hidden_size: int = 128
+    lstm_layers: int = 1
+    encoder_layers: int = 2
+    hidden_init_gain: float = math.sqrt(2.0)
+    policy_head_init_gain: float = 0.01
+    value_head_init_gain: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "lstm_layers", "encoder_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"PolicyConfig.{name} must be an int >= 1, got {value!r}")
+        for name in ("hidden_init_gain", "policy_head_init_gain", "value_head_init_gain"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"PolicyConfig.{name} must be > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ActResult:
+    """What :meth:`PolicyNetwork.act` returns for ``E`` envs; every field stays on the device."""
+
+    actions: Tensor  # [E, 4] long, in HEAD_NAMES order
+    log_prob: Tensor  # [E], over the heads the chosen op uses
+    entropy: Tensor  # [E], over the same heads
+    value: Tensor  # [E]
+    hidden: LSTMState  # after this step
+
+
+@dataclass(frozen=True)
+class _HeadsOut:
+    actions: Tensor  # [*B, 4]
+    log_prob: Tensor  # [*B]
+    entropy: Tensor  # [*B]
+
+
+def _layer_init(layer: nn.Linear, gain: float) -> nn.Linear:
+    """Orthogonal weights and zero bias, as CleanRL's ``layer_init``."""
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def _select_row(table: Tensor, index: Tensor) -> Tensor:
+    """Row ``index`` of ``table``: ``[*B, R, K]`` and ``[*B]`` long → ``[*B, K]``, on the device."""
+    idx = index[..., None, None].expand(*index.shape, 1, table.shape[-1])
+    return table.gather(-2, idx).squeeze(-2)
+
+
+def _reset_hidden(hidden: LSTMState, episode_starts: Tensor) -> LSTMState:
+    """Zero the state of envs whose step starts an episode; ``episode_starts`` is ``[E]`` bool.
+
+    ``where`` rather than a multiply, so a non-finite state left by a failed episode is
+    cleared too.
+    """
+    keep = ~episode_starts.view(1, -1, 1)
+    return tuple(torch.where(keep, s, 0.0) for s in hidden)  # type: ignore[return-value]
+
+
+class PolicyNetwork(nn.Module):
+    """Recurrent actor-critic over the factored, masked action space of ``schema``."""
+
+    def __init__(
+        self, obs_dim: int, schema: ActionSchema, config: PolicyConfig | None = None
+    ) -> None:
+        super().__init__()
+        if obs_dim < 1:
+            raise ValueError(f"PolicyNetwork: obs_dim must be >= 1, got {obs_dim}")
+        self.config = config = config or PolicyConfig()
+        self.schema = schema
+        hidden = config.hidden_size
+        self.n_ops, self.n_slots, self.n_blueprints, self.n_blends = (h.size for h in schema.heads)
+
+        layers: list[nn.Module] = []
+        width = obs_dim
+        for _ in range(config.encoder_layers):
+            layers += [_layer_init(nn.Linear(width, hidden), config.hidden_init_gain), nn.Tanh()]
+            width = hidden
+        self.encoder = nn.Sequential(*layers)
+
+        self.lstm = nn.LSTM(hidden, hidden, num_layers=config.lstm_layers)
+        for name, param in self.lstm.named_parameters():
+            if "bias" in name:
+                nn.init.zeros_(param)
+            else:
+                nn.init.orthogonal_(param, 1.0)
+
+        # The slot head has one row of logits per op and the blueprint head one per slot,
+        # the same shapes as their masks, so the earlier choice selects both together.
+        gain = config.policy_head_init_gain
+        self.op_head = _layer_init(nn.Linear(hidden, self.n_ops), gain)
+        self.slot_head = _layer_init(nn.Linear(hidden, self.n_ops * self.n_slots), gain)
+        self.blueprint_head = _layer_init(nn.Linear(hidden, self.n_slots * self.n_blueprints), gain)
+        self.blend_head = _layer_init(nn.Linear(hidden, self.n_blends), gain)
+        self.value_head = _layer_init(nn.Linear(hidden, 1), config.value_head_init_gain)
+
+        usage = torch.tensor(ActionSchema.head_usage(), dtype=torch.bool)  # [n_ops, 4]
+        self.register_buffer("head_usage", usage, persistent=False)
+
+    def initial_state(self, n_envs: int, device: torch.device | str | None = None) -> LSTMState:
+        """Zero ``(h, c)``, each ``[lstm_layers, n_envs, hidden_size]``."""
+        shape = (self.config.lstm_layers, n_envs, self.config.hidden_size)
+        return (torch.zeros(shape, device=device), torch.zeros(shape, device=device))
+
+    # ------------------------------------------------------------------ acting
+    @torch.no_grad()
+    def act(
+        self,
+        obs: Tensor,
+        hidden: LSTMState,
+        masks: ActionMasks,
+        deterministic: bool = False,
+        episode_starts: Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> ActResult:
+        """One step for all envs: ``obs [E, D]``, masks with batch shape ``[E]``.
+
+        ``episode_starts [E]`` bool, when given, zeroes those envs' state first (pass the
+        same flags that go into the buffer). ``deterministic`` takes each head's most
+        likely legal choice instead of sampling. No host reads.
+        """
+        features, hidden = self._recur(self.encoder(obs), hidden, episode_starts)
+        heads = self._heads(features, masks, deterministic=deterministic, generator=generator)
+        value = self.value_head(features).squeeze(-1)
+        return ActResult(heads.actions, heads.log_prob, heads.entropy, value, hidden)
+
+    # -------------------------------------------------------------- evaluating
+    def evaluate(
+        self,
+        obs: Tensor,
+        hidden0: LSTMState,
+        masks: ActionMasks,
+        actions: Tensor,
+        episode_starts: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Replay stored sequences: ``obs [E, T, D]``, masks ``[E, T, ...]``, ``actions [E, T, 4]``.
+
+        ``hidden0`` is the state before step 0; ``episode_starts [E, T]`` bool zeroes the
+        state before the flagged steps, exactly as :meth:`act` did. Returns
+        ``(log_prob, entropy, value)``, each ``[E, T]``, with gradients.
+        """
+        x = self.encoder(obs)  # [E, T, H]
+        hidden = hidden0
+        steps = []
+        for t in range(x.shape[1]):
+            out, hidden = self._recur(x[:, t], hidden, episode_starts[:, t])
+            steps.append(out)
+        features = torch.stack(steps, dim=1)  # [E, T, H]
+        heads = self._heads(features, masks, actions=actions)
+        return heads.log_prob, heads.entropy, self.value_head(features).squeeze(-1)
+
+    def value(self, obs: Tensor, hidden: LSTMState, episode_starts: Tensor | None = None) -> Tensor:
+        """Critic only, ``[E]``: for bootstrapping truncated episodes in one batched pass."""
+        features, _ = self._recur(self.encoder(obs), hidden, episode_starts)
+        return self.value_head(features).squeeze(-1)
+
+    # ---------------------------------------------------------------- internals
+    def _recur(
+        self, x: Tensor, hidden: LSTMState, episode_starts: Tensor | None
+    ) -> tuple[Tensor, LSTMState]:
+        """One LSTM step: ``x [E, H]`` → ``([E, H], new hidden)``."""
+        if episode_starts is not None:
+            hidden = _reset_hidden(hidden, episode_starts)
+        out, hidden = self.lstm(x.unsqueeze(0), hidden)
+        return out.squeeze(0), hidden
+
+    def _heads(
+        self,
+        features: Tensor,
+        masks: ActionMasks,
+        actions: Tensor | None = None,
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> _HeadsOut:
+        """Draw (or, with ``actions [*B, 4]``, score) each head in order; ``features [*B, H]``."""
+
+        def choose(dist: MaskedCategorical, head: int) -> Tensor:
+            if actions is not None:
+                return actions[..., head]
+            return dist.mode() if deterministic else dist.sample(generator)
+
+        op_dist = MaskedCategorical(self.op_head(features), masks.op)
+        op = choose(op_dist, OP)
+
+        slot_logits = self.slot_head(features).unflatten(-1, (self.n_ops, self.n_slots))
+        slot_dist = MaskedCategorical(_select_row(slot_logits, op), _select_row(masks.slot, op))
+        slot = choose(slot_dist, SLOT)
+
+        blueprint_logits = self.blueprint_head(features).unflatten(
+            -1, (self.n_slots, self.n_blueprints)
+        )
+        blueprint_dist = MaskedCategorical(
+            _select_row(blueprint_logits, slot), _select_row(masks.blueprint, slot)
+        )
+        blueprint = choose(blueprint_dist, BLUEPRINT)
+
+        blend_dist = MaskedCategorical(self.blend_head(features), masks.blend)
+        blend = choose(blend_dist, BLEND)
+
+        chosen = torch.stack((op, slot, blueprint, blend), dim=-1)  # [*B, 4]
+        dists = (op_dist, slot_dist, blueprint_dist, blend_dist)
+        used = self.head_usage[op]  # [*B, 4]: the heads this op uses
+
+        def over_used_heads(per_head: Callable[[MaskedCategorical, Tensor], Tensor]) -> Tensor:
+            values = torch.stack([per_head(d, chosen[..., i]) for i, d in enumerate(dists)], -1)
+            return torch.where(used, values, 0.0).sum(dim=-1)
+
+        return _HeadsOut(
+            actions=chosen,
+            log_prob=over_used_heads(lambda d, a: d.log_prob(a)),
+            entropy=over_used_heads(lambda d, a: d.entropy()),
+        )

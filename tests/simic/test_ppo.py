@@ -1,0 +1,297 @@
+"""ppo_update: config checks, no host reads, invalid steps ignored, and it learns a bandit."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from esper.host_reads import DEFAULT_IGNORED_PATHS, HostReadCounter
+from esper.simic.gae import compute_gae
+from esper.simic.ppo import (
+    STAT_NAMES,
+    PPOBatch,
+    PPOConfig,
+    make_optimizer,
+    ppo_losses,
+    ppo_update,
+)
+from esper.tamiyo.action_masks import ActionMasks
+from esper.tamiyo.policy import PolicyConfig, PolicyNetwork
+from tests.simic import bandit_env
+from tests.simic.bandit_env import BEST_ACTION, BanditEnv
+from tests.tamiyo.factories import OBS_DIM, make_policy, random_masks
+
+#: Adam keeps its step counter on the CPU (non-capturable) and reads it with .item():
+#: a host-side scalar, never a device sync, so the update's read count ignores it.
+OPTIMIZER_IGNORED = (*DEFAULT_IGNORED_PATHS, "torch/optim/")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """These tiny ops gain nothing from intra-op threads, and on a busy 2-core runner two
+    threads spin against other processes (seen: 14 s instead of 2 s for the learning test)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _rollout_batch(
+    policy: PolicyNetwork, n_envs: int = 6, n_steps: int = 5, seed: int = 0
+) -> PPOBatch:
+    """A batch from real act() calls with random masks, starts, rewards and a few invalid steps."""
+    g = torch.Generator().manual_seed(seed)
+    hidden = policy.initial_state(n_envs)
+    hidden0 = hidden
+    obs, starts, step_masks, actions, log_probs, values = [], [], [], [], [], []
+    for t in range(n_steps):
+        o = torch.randn(n_envs, OBS_DIM, generator=g)
+        s = torch.full((n_envs,), t == 0) | (torch.rand(n_envs, generator=g) < 0.2)
+        m = random_masks((n_envs,), g)
+        result = policy.act(o, hidden, m, episode_starts=s, generator=g)
+        hidden = result.hidden
+        obs.append(o)
+        starts.append(s)
+        step_masks.append(m)
+        actions.append(result.actions)
+        log_probs.append(result.log_prob)
+        values.append(result.value)
+    valid = torch.ones(n_envs, n_steps, dtype=torch.bool)
+    valid[0, 1:3] = False  # dropped mid-sequence (a rollback)
+    valid[1, -2:] = False  # dropped at the tail
+    return PPOBatch(
+        obs=torch.stack(obs, 1),
+        actions=torch.stack(actions, 1),
+        log_probs=torch.stack(log_probs, 1),
+        values=torch.stack(values, 1),
+        advantages=torch.randn(n_envs, n_steps, generator=g),
+        returns=torch.randn(n_envs, n_steps, generator=g),
+        masks=ActionMasks.stack(step_masks),
+        hidden0=hidden0,
+        episode_starts=torch.stack(starts, 1),
+        valid=valid,
+    )
+
+
+# ------------------------------------------------------------------- config
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("lr", 0.0),
+        ("clip_coef", -0.1),
+        ("value_clip_coef", 0.0),
+        ("vf_coef", -1.0),
+        ("ent_coef", -0.01),
+        ("update_epochs", 0),
+        ("n_minibatches", 1.5),
+        ("max_grad_norm", 0.0),
+        ("target_kl", 0.0),
+        ("gamma", 1.5),
+        ("gae_lambda", -0.1),
+        ("adam_eps", 0.0),
+    ],
+)
+def test_config_rejects_bad_values(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"PPOConfig.{field}"):
+        PPOConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_config_accepts_disabled_options() -> None:
+    config = PPOConfig(value_clip_coef=None, target_kl=None)
+    assert config.value_clip_coef is None and config.target_kl is None
+
+
+def test_more_minibatches_than_envs_is_refused() -> None:
+    policy = make_policy()
+    batch = _rollout_batch(policy, n_envs=2)
+    with pytest.raises(ValueError, match="n_minibatches"):
+        ppo_update(policy, make_optimizer(policy, PPOConfig()), batch, PPOConfig(n_minibatches=3))
+
+
+def test_batch_rejects_mismatched_shapes() -> None:
+    batch = _rollout_batch(make_policy())
+    with pytest.raises(ValueError, match=r"PPOBatch\.returns"):
+        dataclasses.replace(batch, returns=batch.returns[:, :-1])
+
+
+# ---------------------------------------------------------------- the update
+def test_update_returns_finite_device_scalars() -> None:
+    policy = make_policy()
+    batch = _rollout_batch(policy)
+    config = PPOConfig()
+    stats = ppo_update(policy, make_optimizer(policy, config), batch, config)
+    assert set(stats) == {*STAT_NAMES, "epochs_run"}
+    for name, value in stats.items():
+        assert value.dim() == 0, name
+        assert torch.isfinite(value), name
+    assert stats["epochs_run"] == config.update_epochs
+
+
+def test_first_minibatch_starts_on_policy() -> None:
+    """Right after the rollout the ratio is 1: evaluate replays act, so KL and clipping are 0."""
+    policy = make_policy()
+    batch = _rollout_batch(policy)
+    log_prob, entropy, value = policy.evaluate(
+        batch.obs, batch.hidden0, batch.masks, batch.actions, batch.episode_starts
+    )
+    losses = ppo_losses(batch, log_prob, entropy, value, PPOConfig())
+    assert losses.approx_kl.abs() < 1e-6
+    assert losses.clip_fraction == 0
+    assert losses.policy.abs() < 1e-5  # normalised advantages have mean 0
+
+
+def test_update_makes_no_host_reads_without_target_kl() -> None:
+    policy = make_policy()
+    batch = _rollout_batch(policy)
+    config = PPOConfig(target_kl=None)
+    optimizer = make_optimizer(policy, config)
+    generator = torch.Generator().manual_seed(0)
+    with HostReadCounter(ignore_paths=OPTIMIZER_IGNORED) as counter:
+        ppo_update(policy, optimizer, batch, config, generator=generator)
+    assert counter.count == 0, counter.report()
+
+
+def test_target_kl_reads_once_per_epoch_and_stops_early() -> None:
+    policy = make_policy()
+    batch = _rollout_batch(policy)
+    config = PPOConfig(target_kl=1e-12, update_epochs=4, lr=1e-2)
+    optimizer = make_optimizer(policy, config)
+    with HostReadCounter(ignore_paths=OPTIMIZER_IGNORED) as counter:
+        stats = ppo_update(policy, optimizer, batch, config)
+    assert stats["epochs_run"] == 1
+    assert counter.count == 1, counter.report()
+
+
+def _updated_params(batch: PPOBatch, config: PPOConfig) -> list[torch.Tensor]:
+    policy = make_policy(seed=1)
+    ppo_update(
+        policy,
+        make_optimizer(policy, config),
+        batch,
+        config,
+        generator=torch.Generator().manual_seed(5),
+    )
+    return [p.detach().clone() for p in policy.parameters()]
+
+
+def _broadcast_to(flags: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``[E, T]`` flags viewed to broadcast against an ``[E, T, ...]`` tensor."""
+    return flags.view(*flags.shape, *[1] * (like.dim() - flags.dim()))
+
+
+def test_invalid_steps_do_not_affect_the_update() -> None:
+    batch = _rollout_batch(make_policy(seed=1))
+    invalid = ~batch.valid
+    g = torch.Generator().manual_seed(9)
+
+    def garbage(x: torch.Tensor, fill: float) -> torch.Tensor:
+        return torch.where(invalid, torch.full_like(x, fill), x)
+
+    tail = invalid.clone()
+    tail[0] = False  # env 0's invalid steps are mid-sequence: their obs feed later valid steps
+    scrambled_actions = torch.randint(0, 3, batch.actions.shape, generator=g)
+    changed = dataclasses.replace(
+        batch,
+        obs=torch.where(tail.unsqueeze(-1), torch.randn(batch.obs.shape, generator=g), batch.obs),
+        actions=torch.where(invalid.unsqueeze(-1), scrambled_actions, batch.actions),
+        log_probs=garbage(batch.log_probs, float("nan")),
+        values=garbage(batch.values, float("inf")),
+        advantages=garbage(batch.advantages, 1e6),
+        returns=garbage(batch.returns, float("nan")),
+        masks=batch.masks.map(lambda m: m & _broadcast_to(batch.valid, m)),  # nothing legal
+    )
+    config = PPOConfig(n_minibatches=3)
+    for before, after in zip(
+        _updated_params(batch, config), _updated_params(changed, config), strict=True
+    ):
+        assert torch.isfinite(after).all()
+        torch.testing.assert_close(after, before, rtol=0, atol=0)
+    # And the valid data does matter.
+    flipped = dataclasses.replace(batch, advantages=-batch.advantages)
+    assert any(
+        not torch.equal(a, b)
+        for a, b in zip(
+            _updated_params(batch, config), _updated_params(flipped, config), strict=True
+        )
+    )
+
+
+# ------------------------------------------------------------ it learns
+N_ENVS, N_STEPS = 16, 8
+MAX_UPDATES = 60
+TARGET_PROB = 0.9
+#: CleanRL's defaults but a bandit's gamma of 0 and a higher learning rate: at lr=3e-4 it
+#: needs ~39 updates (seeds 0-7), at 1e-3 ~14, so the bound of 60 leaves a wide margin.
+LEARNING_CONFIG = PPOConfig(lr=1e-3, gamma=0.0)
+
+
+def _collect(policy: PolicyNetwork, env: BanditEnv) -> PPOBatch:
+    """One episode of ``N_STEPS`` in every env, and GAE (gamma 0: advantage = reward - value)."""
+    hidden0 = hidden = policy.initial_state(N_ENVS)
+    obs, actions, log_probs, values, rewards = [], [], [], [], []
+    for t in range(N_STEPS):
+        o = env.observe()
+        starts = torch.full((N_ENVS,), t == 0)
+        result = policy.act(o, hidden, env.masks(), episode_starts=starts)
+        hidden = result.hidden
+        obs.append(o)
+        actions.append(result.actions)
+        log_probs.append(result.log_prob)
+        values.append(result.value)
+        rewards.append(env.step(result.actions))
+    values_t = torch.stack(values, 1)
+    no_flags = torch.zeros(N_ENVS, N_STEPS, dtype=torch.bool)
+    advantages, returns = compute_gae(
+        torch.stack(rewards, 1),
+        values_t,
+        torch.zeros_like(values_t),  # never used at gamma 0
+        terminated=no_flags,
+        done=no_flags,
+        gamma=LEARNING_CONFIG.gamma,
+        gae_lambda=LEARNING_CONFIG.gae_lambda,
+    )
+    starts = no_flags.clone()
+    starts[:, 0] = True
+    return PPOBatch(
+        obs=torch.stack(obs, 1),
+        actions=torch.stack(actions, 1),
+        log_probs=torch.stack(log_probs, 1),
+        values=values_t,
+        advantages=advantages,
+        returns=returns,
+        masks=ActionMasks.stack([env.masks()] * N_STEPS),
+        hidden0=hidden0,
+        episode_starts=starts,
+        valid=torch.ones(N_ENVS, N_STEPS, dtype=torch.bool),
+    )
+
+
+def _best_action_prob(policy: PolicyNetwork, batch: PPOBatch) -> float:
+    """Lowest probability, over an episode's steps, of the full best action (all 4 heads)."""
+    best = torch.tensor(BEST_ACTION).expand(1, N_STEPS, 4)
+    first_env = batch.select_envs(torch.tensor([0]))
+    with torch.no_grad():
+        log_prob, _, _ = policy.evaluate(
+            first_env.obs, first_env.hidden0, first_env.masks, best, first_env.episode_starts
+        )
+    return log_prob.exp().min().item()
+
+
+def test_ppo_learns_the_best_action_of_a_bandit() -> None:
+    torch.manual_seed(0)
+    policy = PolicyNetwork(bandit_env.OBS_DIM, bandit_env.SCHEMA, PolicyConfig(hidden_size=32))
+    env = BanditEnv(N_ENVS)
+    optimizer = make_optimizer(policy, LEARNING_CONFIG)
+    generator = torch.Generator().manual_seed(0)
+    probs = []
+    for _ in range(MAX_UPDATES):
+        batch = _collect(policy, env)
+        ppo_update(policy, optimizer, batch, LEARNING_CONFIG, generator=generator)
+        probs.append(_best_action_prob(policy, batch))
+        if probs[-1] > TARGET_PROB:
+            break
+    assert probs[-1] > TARGET_PROB, f"best-action probability per update: {probs}"
+    print(f"reached {probs[-1]:.3f} after {len(probs)} updates")

@@ -1,0 +1,226 @@
+"""PolicyNetwork: legal actions, op-dependent log-probs, act/evaluate agreement, no host reads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from esper.contracts import ActionSchema, BlendMode, LifecycleOp
+from esper.host_reads import HostReadCounter
+from esper.tamiyo.action_masks import ActionMasks
+from esper.tamiyo.policy import BLEND, BLUEPRINT, OP, SLOT, PolicyConfig, PolicyNetwork
+from tests.tamiyo.factories import OBS_DIM, SCHEMA, make_policy, random_masks
+
+#: One act call over this many envs draws this many samples of the factored action.
+N_SAMPLE_ENVS = 1000
+TOL = 1e-5
+
+
+def _gather_row(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return table[torch.arange(len(index)), index]
+
+
+def test_sampled_actions_are_always_legal() -> None:
+    policy = make_policy()
+    g = torch.Generator().manual_seed(0)
+    masks = random_masks((N_SAMPLE_ENVS,), g)
+    obs = torch.randn(N_SAMPLE_ENVS, OBS_DIM, generator=g)
+    result = policy.act(obs, policy.initial_state(N_SAMPLE_ENVS), masks, generator=g)
+    op, slot, blueprint, blend = result.actions.unbind(-1)
+    usage = torch.tensor(ActionSchema.head_usage())[op]
+    assert _gather_row(masks.op, op).all()
+    slot_ok = _gather_row(_gather_row(masks.slot, op), slot)
+    assert (slot_ok | ~usage[:, SLOT]).all()
+    blueprint_ok = _gather_row(_gather_row(masks.blueprint, slot), blueprint)
+    assert (blueprint_ok | ~usage[:, BLUEPRINT]).all()
+    assert (_gather_row(masks.blend, blend) | ~usage[:, BLEND]).all()
+    # Every op with a legal slot somewhere got sampled: the masks did not collapse the policy.
+    assert set(op.tolist()) == {int(o) for o in LifecycleOp}
+
+
+def _score(policy: PolicyNetwork, actions: torch.Tensor, masks: ActionMasks) -> torch.Tensor:
+    """Log-prob of ``actions [E, 4]`` as one-step sequences from a fixed observation."""
+    n_envs = actions.shape[0]
+    obs = torch.ones(n_envs, 1, OBS_DIM)
+    starts = torch.ones(n_envs, 1, dtype=torch.bool)
+    seq_masks = masks.map(lambda m: m.unsqueeze(1))
+    log_prob, _, _ = policy.evaluate(
+        obs, policy.initial_state(n_envs), seq_masks, actions.unsqueeze(1), starts
+    )
+    return log_prob.squeeze(1)
+
+
+def test_heads_an_op_does_not_use_do_not_change_its_log_prob() -> None:
+    policy = make_policy()
+    masks = ActionMasks.all_legal(SCHEMA, (2,))
+    wait = torch.tensor([[LifecycleOp.WAIT, 0, 0, 0], [LifecycleOp.WAIT, 2, 3, 1]])
+    advance = torch.tensor([[LifecycleOp.ADVANCE, 1, 0, 0], [LifecycleOp.ADVANCE, 1, 3, 2]])
+    germinate = torch.tensor([[LifecycleOp.GERMINATE, 1, 0, 0], [LifecycleOp.GERMINATE, 1, 3, 2]])
+    with torch.no_grad():
+        wait_lp, advance_lp, germinate_lp = (
+            _score(policy, a, masks) for a in (wait, advance, germinate)
+        )
+    assert wait_lp[0] == wait_lp[1]
+    assert advance_lp[0] == advance_lp[1]
+    assert germinate_lp[0] != germinate_lp[1]
+    # Narrowing the masks of heads ADVANCE does not use leaves its log-prob alone too.
+    narrowed = ActionMasks.all_legal(SCHEMA, (2,))
+    narrowed.blueprint[:, :, 1:] = False
+    narrowed.blend[:, 1:] = False
+    with torch.no_grad():
+        assert torch.equal(_score(policy, advance, narrowed), advance_lp)
+        assert not torch.equal(_score(policy, germinate, narrowed), germinate_lp)
+
+
+def test_only_legal_op_and_unused_heads_give_log_prob_zero() -> None:
+    policy = make_policy()
+    masks = ActionMasks.all_legal(SCHEMA, (3,))
+    masks.op[:] = False
+    masks.op[:, LifecycleOp.WAIT] = True
+    result = policy.act(torch.randn(3, OBS_DIM), policy.initial_state(3), masks)
+    assert (result.actions[:, OP] == LifecycleOp.WAIT).all()
+    assert torch.equal(result.log_prob, torch.zeros(3))
+    assert torch.equal(result.entropy, torch.zeros(3))
+
+
+def test_deterministic_takes_the_most_likely_legal_choice() -> None:
+    policy = make_policy()
+    n_ops, n_slots = policy.n_ops, policy.n_slots
+    with torch.no_grad():
+        for head in (policy.op_head, policy.slot_head, policy.blueprint_head, policy.blend_head):
+            head.weight.zero_()
+            head.bias.zero_()
+        policy.op_head.bias.copy_(torch.tensor([0.0, 3.0, 1.0, 5.0]))  # PRUNE best, masked below
+        slot_bias = torch.zeros(n_ops, n_slots)
+        slot_bias[LifecycleOp.GERMINATE] = torch.tensor([2.0, 1.0, 0.0])  # s0 best, masked
+        policy.slot_head.bias.copy_(slot_bias.flatten())
+        blueprint_bias = torch.zeros(n_slots, policy.n_blueprints)
+        blueprint_bias[1] = torch.tensor([0.0, 1.0, 4.0, 2.0])
+        policy.blueprint_head.bias.copy_(blueprint_bias.flatten())
+        policy.blend_head.bias.copy_(torch.tensor([0.0, 0.0, 9.0, 1.0]))  # SIGMOID, masked
+    masks = ActionMasks.all_legal(SCHEMA, (1,))
+    masks.op[0, LifecycleOp.PRUNE] = False
+    masks.slot[0, LifecycleOp.GERMINATE, 0] = False
+    masks.blend[0, BlendMode.SIGMOID] = False
+    obs = torch.randn(1, OBS_DIM)
+    result = policy.act(obs, policy.initial_state(1), masks, deterministic=True)
+    expected = [LifecycleOp.GERMINATE, 1, 2, BlendMode.GATED]
+    assert result.actions[0].tolist() == [int(a) for a in expected]
+
+
+def _rollout(
+    policy: PolicyNetwork, n_envs: int, n_steps: int, seed: int
+) -> tuple[dict[str, torch.Tensor], ActionMasks, tuple[torch.Tensor, torch.Tensor]]:
+    """Act for ``n_steps`` with random masks and random episode starts; stack what a buffer keeps."""
+    g = torch.Generator().manual_seed(seed)
+    hidden = policy.initial_state(n_envs)
+    # A non-zero start state, as a rollout that continues an earlier one would have.
+    hidden = tuple(torch.randn(s.shape, generator=g) for s in hidden)
+    hidden0 = hidden
+    keep: dict[str, list[torch.Tensor]] = {
+        k: [] for k in ("obs", "starts", "actions", "log_prob", "entropy", "value")
+    }
+    step_masks = []
+    for _ in range(n_steps):
+        obs = torch.randn(n_envs, OBS_DIM, generator=g)
+        starts = torch.rand(n_envs, generator=g) < 0.3
+        masks = random_masks((n_envs,), g)
+        result = policy.act(obs, hidden, masks, episode_starts=starts, generator=g)
+        hidden = result.hidden
+        for key, value in (
+            ("obs", obs),
+            ("starts", starts),
+            ("actions", result.actions),
+            ("log_prob", result.log_prob),
+            ("entropy", result.entropy),
+            ("value", result.value),
+        ):
+            keep[key].append(value)
+        step_masks.append(masks)
+    stacked = {k: torch.stack(v, dim=1) for k, v in keep.items()}
+    return stacked, ActionMasks.stack(step_masks), hidden0
+
+
+def test_evaluate_replays_act_exactly_including_episode_resets() -> None:
+    policy = make_policy()
+    data, masks, hidden0 = _rollout(policy, n_envs=5, n_steps=7, seed=2)
+    assert data["starts"][:, 1:].any(), "the test needs resets after step 0"
+    log_prob, entropy, value = policy.evaluate(
+        data["obs"], hidden0, masks, data["actions"], data["starts"]
+    )
+    torch.testing.assert_close(log_prob, data["log_prob"], atol=TOL, rtol=TOL)
+    torch.testing.assert_close(entropy, data["entropy"], atol=TOL, rtol=TOL)
+    torch.testing.assert_close(value, data["value"], atol=TOL, rtol=TOL)
+    # The resets matter: ignoring them changes the values.
+    _, _, value_no_reset = policy.evaluate(
+        data["obs"], hidden0, masks, data["actions"], torch.zeros_like(data["starts"])
+    )
+    assert not torch.allclose(value_no_reset, data["value"], atol=TOL)
+
+
+def test_act_and_evaluate_make_no_host_reads() -> None:
+    policy = make_policy()
+    n_envs, n_steps = 4, 3
+    g = torch.Generator().manual_seed(0)
+    masks = random_masks((n_envs,), g)
+    seq_masks = random_masks((n_envs, n_steps), g)
+    obs = torch.randn(n_envs, OBS_DIM)
+    starts = torch.tensor([True, False, True, False])
+    hidden = policy.initial_state(n_envs)
+    with HostReadCounter() as counter:
+        result = policy.act(obs, hidden, masks, episode_starts=starts, generator=g)
+        policy.act(obs, result.hidden, masks, deterministic=True)
+        policy.value(obs, result.hidden)
+        log_prob, entropy, value = policy.evaluate(
+            obs.unsqueeze(1).expand(n_envs, n_steps, OBS_DIM),
+            hidden,
+            seq_masks,
+            result.actions.unsqueeze(1).expand(n_envs, n_steps, 4),
+            starts.unsqueeze(1).expand(n_envs, n_steps),
+        )
+        (log_prob.sum() + entropy.sum() + value.sum()).backward()
+    assert counter.count == 0, counter.report()
+
+
+def test_shapes() -> None:
+    config = PolicyConfig(hidden_size=16, lstm_layers=2)
+    policy = PolicyNetwork(OBS_DIM, SCHEMA, config)
+    h, c = policy.initial_state(3)
+    assert h.shape == c.shape == (2, 3, 16)
+    result = policy.act(torch.randn(3, OBS_DIM), (h, c), ActionMasks.all_legal(SCHEMA, (3,)))
+    assert result.actions.shape == (3, 4) and result.actions.dtype == torch.long
+    assert result.log_prob.shape == result.value.shape == result.entropy.shape == (3,)
+    assert result.hidden[0].shape == (2, 3, 16)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("hidden_size", 0),
+        ("lstm_layers", 0),
+        ("encoder_layers", 1.5),
+        ("policy_head_init_gain", 0.0),
+    ],
+)
+def test_policy_config_rejects_bad_values(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"PolicyConfig.{field}"):
+        PolicyConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_action_masks_helpers_round_trip() -> None:
+    g = torch.Generator().manual_seed(0)
+    steps = [random_masks((3,), g) for _ in range(4)]
+    stacked = ActionMasks.stack(steps)
+    assert tuple(stacked.batch_shape) == (3, 4)
+    assert torch.equal(stacked.index_time(2).slot, steps[2].slot)
+    picked = stacked.index_envs(torch.tensor([2, 0]))
+    assert torch.equal(picked.blueprint[1], stacked.blueprint[0])
+    assert stacked.to("cpu").op.device.type == "cpu"
+
+
+def test_action_masks_reject_bad_shapes_and_dtypes() -> None:
+    masks = ActionMasks.all_legal(SCHEMA, (2,))
+    with pytest.raises(ValueError, match=r"ActionMasks\.slot"):
+        ActionMasks(masks.op, masks.slot[:, :2], masks.blueprint, masks.blend)
+    with pytest.raises(TypeError, match=r"ActionMasks\.blend"):
+        ActionMasks(masks.op, masks.slot, masks.blueprint, masks.blend.float())
