@@ -1,5 +1,10 @@
 """The ``esper`` command.
 
+``esper fit`` trains the growth policy with Lightning's CLI: ``--config FILE``, dotted
+overrides (``--model.n_envs 8``, ``--trainer.max_epochs 20``, ``--data.batch_size 64``) and
+``--print_config`` work as LightningCLI users expect. With no arguments it trains on the
+embedded digits data and prints a summary of the last rollout.
+
 ``esper plugins`` lists what the registries hold after loading entry points: a plugin
 author's first check that their package is seen, and where each name comes from.
 """
@@ -31,6 +36,67 @@ def _plugins(_: argparse.Namespace) -> int:
     return 0
 
 
+#: Defaults for ``esper fit`` with no arguments: a short run on the embedded digits data.
+DEFAULT_DATA = "esper.tolaria.data.DigitsDataModule"
+DEFAULT_MAX_EPOCHS = 6
+FIT_TRAINER_DEFAULTS: dict[str, object] = {
+    "max_epochs": DEFAULT_MAX_EPOCHS,
+    "log_every_n_steps": 1,
+    "enable_model_summary": False,
+}
+
+
+def fit(argv: Sequence[str] | None = None) -> int:
+    """Run ``LightningCLI`` on :class:`PPOModule` and a :class:`HostDataModule`.
+
+    ``argv`` are the arguments after ``fit``; None reads them from ``sys.argv``.
+    """
+    from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+    from esper.simic.module import PPOModule
+    from esper.tolaria.data import HostDataModule
+
+    class EsperCLI(LightningCLI):
+        def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+            parser.set_defaults({"data": {"class_path": DEFAULT_DATA}})
+
+    cli = EsperCLI(
+        PPOModule,
+        HostDataModule,
+        subclass_mode_data=True,
+        trainer_defaults=FIT_TRAINER_DEFAULTS,
+        seed_everything_default=0,
+        args=None if argv is None else ["fit", *argv],
+        parser_kwargs={"prog": "esper"},
+    )
+    print(format_summary(cli.model))
+    return 0
+
+
+def format_summary(module: object) -> str:
+    """The closing lines of ``esper fit``: what the last rollout measured."""
+    summary = getattr(module, "last_summary", None)
+    if summary is None:
+        return "esper fit: no rollout completed"
+    metrics = getattr(module, "last_metrics", {})
+    lines = [
+        f"esper fit: {summary.rollout + 1} PPO update(s), last rollout over "
+        f"{len(summary.episode_return)} envs:",
+        f"  episode return     {summary.episode_return.mean():+.4f} (mean over envs)",
+        f"  host val accuracy  {summary.final_val_acc.mean():.4f}",
+        f"  seeds fossilized   {summary.seeds_fossilized.mean():.2f} per env "
+        f"(germinated {summary.seeds_germinated.mean():.2f}, pruned {summary.seeds_pruned.mean():.2f})",
+        f"  parameters added   {summary.params_added.mean():.0f} per env",
+        f"  env steps/s        {summary.env_steps_per_s:.2f}",
+    ]
+    if "ppo/approx_kl" in metrics:
+        lines.append(
+            f"  ppo                policy loss {metrics['ppo/policy_loss']:+.4f}, "
+            f"value loss {metrics['ppo/value_loss']:.4f}, entropy {metrics['ppo/entropy']:.3f}"
+        )
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="esper", description="Train networks that grow, steered by a PPO policy."
@@ -39,11 +105,18 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     plugins = commands.add_parser("plugins", help="list blueprints, hosts, data and callbacks")
     plugins.set_defaults(run=_plugins)
+    commands.add_parser(
+        "fit", help="train the growth policy (LightningCLI; `esper fit --help` for options)"
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words and words[0] == "fit":
+        # From the console LightningCLI reads sys.argv itself ("fit" is its subcommand).
+        return fit(None if argv is None else words[1:])
+    args = build_parser().parse_args(words)
     return int(args.run(args))
 
 

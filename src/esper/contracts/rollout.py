@@ -1,0 +1,97 @@
+"""What the rollout loop hands to callbacks: host-side copies, never device tensors.
+
+Every array here came over in the step's single packed device-to-host transfer (or was
+known to Python already), so a callback may read, log and keep them freely without
+stalling the device. Shapes: ``E`` envs, ``S`` slots, heads in ``HEAD_NAMES`` order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """One completed transition for every env: the decision and what it earned.
+
+    Attributes:
+        rollout: index of the rollout (= PPO update) this step belongs to.
+        step: decision index within the episode, ``0 .. episode_epochs - 2``.
+        host_epoch: host epochs trained when the decision was taken.
+        actions: ``[E, 4]`` int, (op, slot, blueprint, blend) chosen.
+        log_probs: ``[E]`` log-probability of the chosen action under the policy.
+        values: ``[E]`` the critic's estimate at the decision.
+        applied: ``[E]`` bool, the op changed a seed (not WAIT, not refused, not illegal).
+        refused: ``[E]`` bool, an ADVANCE that a gate refused (a legal no-op).
+        illegal: ``[E]`` bool, an op the lifecycle rejected (the masks should prevent it).
+        rewards: ``[E]`` total reward of the transition.
+        reward_components: named parts of ``rewards``, each ``[E]``.
+        train_loss, val_loss, val_acc: ``[E]`` host metrics of the epoch the decision saw.
+        next_val_acc: ``[E]`` host validation accuracy after the epoch that followed.
+        loss_finite: ``[E]`` bool, every training loss of that epoch was finite.
+        contribution: ``[E, S]`` counterfactual contribution of each slot's seed.
+        seed_params: ``[E]`` parameters added by seeds after the action.
+        legal_ops: ``[E]`` how many ops the mask allowed (a mask statistic).
+        done: ``[E]`` bool, the episode ended with this transition.
+    """
+
+    rollout: int
+    step: int
+    host_epoch: int
+    actions: np.ndarray
+    log_probs: np.ndarray
+    values: np.ndarray
+    applied: np.ndarray
+    refused: np.ndarray
+    illegal: np.ndarray
+    rewards: np.ndarray
+    reward_components: dict[str, np.ndarray]
+    train_loss: np.ndarray
+    val_loss: np.ndarray
+    val_acc: np.ndarray
+    next_val_acc: np.ndarray
+    loss_finite: np.ndarray
+    contribution: np.ndarray
+    seed_params: np.ndarray
+    legal_ops: np.ndarray
+    done: np.ndarray
+
+    @property
+    def n_envs(self) -> int:
+        return int(self.actions.shape[0])
+
+
+@dataclass(frozen=True)
+class RolloutSummary:
+    """Per-env totals of one finished rollout (one episode in every env).
+
+    Attributes:
+        rollout: index of the rollout (= PPO update).
+        episode_return: ``[E]`` sum of rewards over the episode.
+        final_val_acc: ``[E]`` host validation accuracy at the end of the episode.
+        seeds_germinated / seeds_fossilized / seeds_pruned: ``[E]`` int counts.
+        params_added: ``[E]`` seed parameters in the final host (fossilized and live).
+        env_steps: decisions taken, summed over envs.
+        seconds: wall time of the rollout.
+        seconds_training_hosts: wall time inside ``run_epoch``.
+        host_reads: device-to-host reads the loop made (one per host epoch).
+    """
+
+    rollout: int
+    episode_return: np.ndarray
+    final_val_acc: np.ndarray
+    seeds_germinated: np.ndarray
+    seeds_fossilized: np.ndarray
+    seeds_pruned: np.ndarray
+    params_added: np.ndarray
+    env_steps: int
+    seconds: float
+    seconds_training_hosts: float
+    host_reads: int
+    extras: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def env_steps_per_s(self) -> float:
+        return self.env_steps / self.seconds if self.seconds > 0 else float("nan")

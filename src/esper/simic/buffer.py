@@ -1,0 +1,193 @@
+"""The rollout buffer: preallocated ``[E, T, ...]`` device tensors, one segment per env.
+
+Each env writes at its own cursor, so a governor rollback can invalidate one env's
+transitions from a given step (its cursor moves back and later steps overwrite them)
+without touching any other env's data. Writes are device-to-device copies; the cursors
+are Python ints, which Python already knows, so nothing is read back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from esper.contracts import ActionSchema
+from esper.simic.gae import compute_gae
+from esper.simic.ppo import PPOBatch
+from esper.tamiyo.action_masks import ActionMasks
+
+LSTMState = tuple[Tensor, Tensor]
+N_HEADS = 4
+
+
+class RolloutBuffer:
+    """Transitions of one rollout for ``n_envs`` envs, up to ``n_steps`` each.
+
+    Shapes: ``obs [E, T, D]`` (normalised, as the policy saw it), ``raw_obs [E, T, D]``
+    (for the normaliser's once-per-rollout update), ``actions [E, T, 4]``, ``log_probs``,
+    ``values``, ``rewards [E, T]``, ``terminated``/``truncated``/``valid``/
+    ``episode_starts [E, T]`` bool, ``masks`` batch ``[E, T]``, and the LSTM state each step
+    started from, ``hidden_h``/``hidden_c [E, T, layers, H]``.
+    """
+
+    def __init__(
+        self,
+        n_envs: int,
+        n_steps: int,
+        obs_dim: int,
+        schema: ActionSchema,
+        lstm_shape: tuple[int, int],
+        device: torch.device | str,
+    ) -> None:
+        if n_envs < 1 or n_steps < 1:
+            raise ValueError(f"RolloutBuffer needs n_envs, n_steps >= 1, got {n_envs}, {n_steps}")
+        self.n_envs, self.n_steps, self.obs_dim = n_envs, n_steps, obs_dim
+        self.device = torch.device(device)
+        e, t = n_envs, n_steps
+
+        def zeros(*shape: int, dtype: torch.dtype = torch.float32) -> Tensor:
+            return torch.zeros((e, t, *shape), dtype=dtype, device=self.device)
+
+        self.obs = zeros(obs_dim)
+        self.raw_obs = zeros(obs_dim)
+        self.actions = zeros(N_HEADS, dtype=torch.long)
+        self.log_probs = zeros()
+        self.values = zeros()
+        self.rewards = zeros()
+        self.terminated = zeros(dtype=torch.bool)
+        self.truncated = zeros(dtype=torch.bool)
+        self.valid = zeros(dtype=torch.bool)
+        self.episode_starts = zeros(dtype=torch.bool)
+        layers, hidden = lstm_shape
+        self.hidden_h = zeros(layers, hidden)
+        self.hidden_c = zeros(layers, hidden)
+        self.masks = ActionMasks.all_legal(schema, (e, t), self.device)
+        self.pos: list[int] = [0] * n_envs
+
+    # ----------------------------------------------------------------- writing
+    def reset(self) -> None:
+        """Start a new rollout: every cursor at 0, every step invalid."""
+        self.pos = [0] * self.n_envs
+        self.valid.zero_()
+        self.terminated.zero_()
+        self.truncated.zero_()
+        self.episode_starts.zero_()
+        self.rewards.zero_()
+
+    def _where(self) -> tuple[Tensor | slice, Tensor | int]:
+        """Index pair selecting each env's current cursor; a plain slice when aligned."""
+        first = self.pos[0]
+        if all(p == first for p in self.pos):
+            if first >= self.n_steps:
+                raise IndexError(f"RolloutBuffer is full ({self.n_steps} steps per env)")
+            return slice(None), first
+        if max(self.pos) >= self.n_steps:
+            full = [i for i, p in enumerate(self.pos) if p >= self.n_steps]
+            raise IndexError(f"RolloutBuffer is full for envs {full} ({self.n_steps} steps)")
+        envs = torch.arange(self.n_envs, device=self.device)
+        steps = torch.tensor(self.pos, dtype=torch.long).to(self.device, non_blocking=True)
+        return envs, steps
+
+    def add(
+        self,
+        obs: Tensor,
+        raw_obs: Tensor,
+        actions: Tensor,
+        log_probs: Tensor,
+        values: Tensor,
+        masks: ActionMasks,
+        hidden: LSTMState,
+        episode_start: bool,
+    ) -> list[int]:
+        """Write one step for every env at its cursor; returns the positions written.
+
+        ``hidden`` is the LSTM state the policy acted from, ``[layers, E, H]`` each.
+        """
+        envs, steps = self._where()
+        self.obs[envs, steps] = obs
+        self.raw_obs[envs, steps] = raw_obs
+        self.actions[envs, steps] = actions
+        self.log_probs[envs, steps] = log_probs.detach()
+        self.values[envs, steps] = values.detach()
+        self.hidden_h[envs, steps] = hidden[0].transpose(0, 1)
+        self.hidden_c[envs, steps] = hidden[1].transpose(0, 1)
+        for name in ("op", "slot", "blueprint", "blend"):
+            getattr(self.masks, name)[envs, steps] = getattr(masks, name)
+        self.valid[envs, steps] = True
+        self.terminated[envs, steps] = False
+        self.truncated[envs, steps] = False
+        self.episode_starts[envs, steps] = episode_start
+        written = list(self.pos)
+        self.pos = [p + 1 for p in self.pos]
+        return written
+
+    def set_rewards(self, positions: Sequence[int], rewards: Tensor, terminated: bool) -> None:
+        """Rewards ``[E]`` (any device) of the transitions written at ``positions``."""
+        rewards = rewards.to(self.device, dtype=torch.float32, non_blocking=True)
+        first = positions[0]
+        if all(p == first for p in positions):
+            self.rewards[:, first] = rewards
+            self.terminated[:, first] = terminated
+            return
+        envs = torch.arange(self.n_envs, device=self.device)
+        steps = torch.tensor(list(positions), dtype=torch.long).to(self.device, non_blocking=True)
+        self.rewards[envs, steps] = rewards
+        self.terminated[envs, steps] = terminated
+
+    def invalidate(self, env: int, from_step: int) -> None:
+        """Drop ``env``'s transitions from ``from_step`` on; its later steps overwrite them."""
+        if not 0 <= env < self.n_envs:
+            raise IndexError(f"env {env} out of range for {self.n_envs} envs")
+        if not 0 <= from_step <= self.pos[env]:
+            raise ValueError(
+                f"env {env} can be invalidated from a step in [0, {self.pos[env]}], got {from_step}"
+            )
+        self.valid[env, from_step:] = False
+        self.terminated[env, from_step:] = False
+        self.truncated[env, from_step:] = False
+        self.pos[env] = from_step
+
+    def hidden_at(self, env: int, step: int) -> LSTMState:
+        """The LSTM state ``env`` acted from at ``step``, ``[layers, H]`` each."""
+        return self.hidden_h[env, step], self.hidden_c[env, step]
+
+    # ---------------------------------------------------------------- reading
+    def finish(self, bootstrap_values: Tensor, gamma: float, gae_lambda: float) -> PPOBatch:
+        """Advantages for all envs in one GAE pass, as a :class:`PPOBatch`.
+
+        ``bootstrap_values [E]`` is the critic's value of the observation after each env's
+        last transition, from one batched pass. A last transition not marked terminated
+        is a truncation and bootstraps from it.
+        """
+        if any(p == 0 for p in self.pos):
+            empty = [i for i, p in enumerate(self.pos) if p == 0]
+            raise ValueError(f"envs {empty} have no transitions in this rollout")
+        envs = torch.arange(self.n_envs, device=self.device)
+        last = torch.tensor([p - 1 for p in self.pos], dtype=torch.long).to(
+            self.device, non_blocking=True
+        )
+        self.truncated[envs, last] = ~self.terminated[envs, last]
+        next_values = torch.zeros_like(self.values)
+        next_values[:, :-1] = self.values[:, 1:]
+        next_values[envs, last] = bootstrap_values.detach().to(next_values.dtype)
+        done = self.terminated | self.truncated
+        advantages, returns = compute_gae(
+            self.rewards, self.values, next_values, self.terminated, done, gamma, gae_lambda
+        )
+        return PPOBatch(
+            obs=self.obs,
+            actions=self.actions,
+            log_probs=self.log_probs,
+            values=self.values,
+            advantages=advantages,
+            returns=returns,
+            masks=self.masks,
+            hidden0=(
+                self.hidden_h[:, 0].transpose(0, 1).contiguous(),
+                self.hidden_c[:, 0].transpose(0, 1).contiguous(),
+            ),
+            episode_starts=self.episode_starts,
+            valid=self.valid,
+        )

@@ -1,0 +1,343 @@
+"""The vectorised environment: ``n_envs`` growing hosts that train one epoch per step.
+
+Python owns the lifecycle (stages, which seed sits where, parameter counts); the device
+owns the numbers (losses, accuracies, contributions). The env keeps that split: its
+device-side outputs (observation, masks, metrics) are tensors the rollout loop packs into
+the step's single transfer, and it applies actions from the host-side copy it gets back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from esper.contracts import ActionSchema, BlendMode, LifecycleOp, ObservationLayout, SeedStage
+from esper.kasmina import BLUEPRINTS, HOSTS, GrowingHost, HostModel, LifecycleConfig, OptimConfig
+from esper.kasmina.lifecycle import GateSignals
+from esper.simic.rewards import REWARDS, RewardConfig, RewardFn, RewardInputs
+from esper.tamiyo.action_masks import ActionMasks
+from esper.tamiyo.features import EnvState, ObservationBuilder, SlotState
+from esper.tamiyo.masks import MaskBuilder
+from esper.tolaria.data.base import HostDataModule
+from esper.tolaria.epoch import EpochResult, run_epoch
+
+#: Stages whose seed's counterfactual contribution earns reward.
+CONTRIBUTING_STAGES: tuple[SeedStage, ...] = (SeedStage.BLENDING, SeedStage.HOLDING)
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """How many hosts, how long an episode, which host, seeds and reward family.
+
+    ``episode_epochs`` counts host epochs per episode; the policy decides after each one
+    except the last, so an episode holds ``episode_epochs - 1`` transitions.
+    """
+
+    n_envs: int = 4
+    episode_epochs: int = 25
+    host: str = "cnn"
+    host_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    #: Blueprints the policy may plant; None means every registered one that fits a slot.
+    blueprints: tuple[str, ...] | None = None
+    reward: str = "shaped"
+    lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    rewards: RewardConfig = field(default_factory=RewardConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.n_envs, bool) or not isinstance(self.n_envs, int) or self.n_envs < 1:
+            raise ValueError(f"EnvConfig.n_envs must be an int >= 1, got {self.n_envs!r}")
+        if (
+            isinstance(self.episode_epochs, bool)
+            or not isinstance(self.episode_epochs, int)
+            or self.episode_epochs < 2
+        ):
+            raise ValueError(
+                f"EnvConfig.episode_epochs must be an int >= 2 (one decision needs an epoch "
+                f"before and after it), got {self.episode_epochs!r}"
+            )
+        if self.host not in HOSTS:
+            raise ValueError(
+                f"EnvConfig.host {self.host!r} is not a registered host; known: {list(HOSTS.names())}"
+            )
+        if self.reward not in REWARDS:
+            raise ValueError(
+                f"EnvConfig.reward {self.reward!r} is not a registered reward family; "
+                f"known: {list(REWARDS.names())}"
+            )
+        if self.blueprints is not None:
+            if not self.blueprints:
+                raise ValueError("EnvConfig.blueprints is empty; pass None to allow all that fit")
+            unknown = [b for b in self.blueprints if b not in BLUEPRINTS]
+            if unknown:
+                raise ValueError(
+                    f"EnvConfig.blueprints names unknown blueprints {unknown}; "
+                    f"known: {list(BLUEPRINTS.names())}"
+                )
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What applying one step's actions did, per env (host-side arrays ``[E]``)."""
+
+    applied: np.ndarray
+    refused: np.ndarray
+    illegal: np.ndarray
+    germinated: np.ndarray
+    fossilized: np.ndarray
+    pruned: np.ndarray
+
+
+def build_host(config: EnvConfig, datamodule: HostDataModule) -> HostModel:
+    """A fresh host sized for the data (input shape, classes or vocabulary)."""
+    cls = HOSTS.get(config.host)
+    return cls.from_data(
+        datamodule.input_shape,
+        datamodule.n_classes,
+        lifecycle=config.lifecycle,
+        **dict(config.host_kwargs),
+    )
+
+
+class MorphogeneticVecEnv:
+    """``n_envs`` hosts trained in lock-step, one host epoch per step."""
+
+    def __init__(
+        self,
+        config: EnvConfig,
+        datamodule: HostDataModule,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.config = config
+        self.datamodule = datamodule
+        self.device = torch.device(device)
+        probe = build_host(config, datamodule)
+        self.slot_ids = probe.slot_ids
+        shapes = [probe.slot(s).shape for s in self.slot_ids]
+        names = config.blueprints or tuple(
+            n for n in BLUEPRINTS.names() if any(BLUEPRINTS.get(n).fits(sh) for sh in shapes)
+        )
+        if not names:
+            raise ValueError(f"no registered blueprint fits any slot of host {config.host!r}")
+        self.blueprint_names = tuple(names)
+        self.schema = ActionSchema(self.slot_ids, self.blueprint_names)
+        self.blend_modes = self.schema.blend_modes
+        bps = [BLUEPRINTS.get(n) for n in names]
+        fits = np.array([[bp.fits(sh) for bp in bps] for sh in shapes], dtype=bool)
+        params = np.array(
+            [
+                [bp.param_count(sh) if f else 0 for bp, f in zip(bps, row, strict=True)]
+                for sh, row in zip(shapes, fits, strict=True)
+            ],
+            dtype=np.int64,
+        )
+        self.layout = ObservationLayout(len(self.slot_ids), len(names))
+        budget = config.rewards.param_budget
+        self.masks = MaskBuilder(self.schema, fits, params, budget)
+        self.observations = ObservationBuilder(
+            self.layout, config.episode_epochs, budget, self.device
+        )
+        self.reward_fn: RewardFn = REWARDS.get(config.reward)
+        self._bp_index = {n: i for i, n in enumerate(names)}
+        # Built once: the train loader's generator then advances, so epochs differ in order.
+        self._train_loader = datamodule.host_train_dataloader()
+        self._val_loader = datamodule.host_val_dataloader()
+        self._columns = {name: i for i, name in enumerate(self.metric_columns())}
+        self.hosts: list[GrowingHost] = []
+        self.host_epoch = 0
+        self.result: EpochResult | None = None
+        self._prev_val_acc = torch.zeros(config.n_envs, device=self.device)
+        self._best_val_acc = torch.zeros(config.n_envs, device=self.device)
+        self._refused = np.zeros((config.n_envs, len(self.slot_ids)), dtype=bool)
+        self._mask_arrays: dict[str, np.ndarray] = {}
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def n_envs(self) -> int:
+        return self.config.n_envs
+
+    @property
+    def n_slots(self) -> int:
+        return len(self.slot_ids)
+
+    @property
+    def decisions_per_episode(self) -> int:
+        return self.config.episode_epochs - 1
+
+    def stages(self) -> np.ndarray:
+        """``[E, S]`` int stage of every slot."""
+        return np.array(
+            [[int(h.model.slot(s).stage) for s in self.slot_ids] for h in self.hosts],
+            dtype=np.int64,
+        ).reshape(self.n_envs, self.n_slots)
+
+    def seed_params(self) -> np.ndarray:
+        """``[E]`` parameters seeds have added to each host (live and fossilized)."""
+        return np.array([h.model.seed_param_count() for h in self.hosts], dtype=np.int64)
+
+    def contributing(self) -> np.ndarray:
+        """``[E, S]`` bool, slots whose seed's contribution counts for reward."""
+        stages = self.stages()
+        return np.isin(stages, [int(s) for s in CONTRIBUTING_STAGES])
+
+    # ----------------------------------------------------------------- episode
+    def reset(self) -> None:
+        """Fresh hosts, then the episode's first epoch."""
+        self.hosts = [
+            GrowingHost(build_host(self.config, self.datamodule).to(self.device), self.config.optim)
+            for _ in range(self.n_envs)
+        ]
+        self.host_epoch = 0
+        self._refused[:] = False
+        self._prev_val_acc.zero_()
+        self._best_val_acc.zero_()
+        self.result = None
+        self.train_epoch()
+
+    def train_epoch(self) -> EpochResult:
+        """One host epoch for every env; the lifecycle clocks tick after it."""
+        result = run_epoch(self.hosts, self._train_loader, self._val_loader)
+        if self.result is not None:
+            self._prev_val_acc = self.result.val_acc
+        else:
+            self._prev_val_acc = result.val_acc
+        self._best_val_acc = torch.maximum(self._best_val_acc, result.val_acc)
+        self.result = result
+        self.host_epoch += 1
+        for host in self.hosts:
+            host.end_epoch()
+        return result
+
+    def observe(self) -> tuple[Tensor, ActionMasks]:
+        """The observation ``[E, D]`` and masks for the epoch just trained, on the device."""
+        assert self.result is not None, "call reset() first"
+        envs = [
+            EnvState(
+                host_epoch=self.host_epoch,
+                seed_params=host.model.seed_param_count(),
+                slots=[self._slot_state(host, e, s) for s, _ in enumerate(self.slot_ids)],
+            )
+            for e, host in enumerate(self.hosts)
+        ]
+        obs = self.observations.build(self.result, self._prev_val_acc, self._best_val_acc, envs)
+        stages = self.stages()
+        seed_params = np.array([env.seed_params for env in envs], dtype=np.int64)
+        self._mask_arrays = self.masks.build_numpy(stages, seed_params)
+        masks = self.masks.build(stages, seed_params, self.device)
+        return obs, masks
+
+    def _slot_state(self, host: GrowingHost, env: int, s: int) -> SlotState:
+        slot = host.model.slot(self.slot_ids[s])
+        bp = slot.lifecycle.blueprint
+        return SlotState(
+            stage=slot.stage,
+            epochs_in_stage=slot.lifecycle.epochs_in_stage,
+            alpha=slot.alpha,
+            blueprint_index=self._bp_index.get(bp) if bp is not None else None,
+            gate_refused=bool(self._refused[env, s]),
+        )
+
+    @property
+    def legal_op_counts(self) -> np.ndarray:
+        """``[E]`` ops the current masks allow (a mask statistic for telemetry)."""
+        return self._mask_arrays["op"].sum(axis=1)
+
+    # ------------------------------------------------------------ device metrics
+    def metric_columns(self) -> tuple[str, ...]:
+        """Names of the columns of :meth:`metrics`, for unpacking the host copy."""
+        per_slot = [f"contribution.{s}" for s in self.slot_ids]
+        finite = [f"grads_finite.{s}" for s in self.slot_ids]
+        return ("train_loss", "val_loss", "val_acc", "loss_finite", *per_slot, *finite)
+
+    def metrics(self) -> Tensor:
+        """``[E, K]`` float32 device metrics of the last epoch, columns as named above."""
+        r = self.result
+        assert r is not None, "call reset() first"
+        return torch.cat(
+            [
+                r.train_loss[:, None],
+                r.val_loss[:, None],
+                r.val_acc[:, None],
+                r.loss_finite[:, None].float(),
+                r.contribution,
+                r.seed_grads_finite.float(),
+            ],
+            dim=1,
+        ).float()
+
+    def column(self, name: str) -> int:
+        """Index of a scalar column of :meth:`metrics`."""
+        return self._columns[name]
+
+    def slot_columns(self, prefix: str) -> slice:
+        first = self._columns[f"{prefix}.{self.slot_ids[0]}"]
+        return slice(first, first + self.n_slots)
+
+    # ------------------------------------------------------------------ actions
+    def apply(self, actions: np.ndarray, metrics: np.ndarray) -> StepOutcome:
+        """Apply host-side ``actions [E, 4]`` using gate signals from ``metrics [E, K]``."""
+        n = self.n_envs
+        out = {k: np.zeros(n, dtype=bool) for k in StepOutcome.__dataclass_fields__}
+        contribution = metrics[:, self.slot_columns("contribution")]
+        grads_finite = metrics[:, self.slot_columns("grads_finite")] > 0.5
+        for e, host in enumerate(self.hosts):
+            op, s, bp, blend = (int(a) for a in actions[e])
+            if not self.masks.is_legal(self._mask_arrays, e, actions[e]):
+                out["illegal"][e] = True
+                continue
+            if op == LifecycleOp.WAIT:
+                continue
+            slot_id = self.slot_ids[s]
+            if op == LifecycleOp.GERMINATE:
+                host.germinate(
+                    slot_id, self.blueprint_names[bp], BlendMode(self.blend_modes[blend])
+                )
+                out["germinated"][e] = out["applied"][e] = True
+                self._refused[e, s] = False
+            elif op == LifecycleOp.ADVANCE:
+                signals = GateSignals(
+                    grads_finite=bool(grads_finite[e, s]),
+                    contribution=float(contribution[e, s]),
+                )
+                result = host.advance(slot_id, signals)
+                self._refused[e, s] = not result.passed
+                out["refused"][e] = not result.passed
+                out["applied"][e] = result.passed
+                out["fossilized"][e] = result.passed and (
+                    host.model.slot(slot_id).stage is SeedStage.FOSSILIZED
+                )
+            elif op == LifecycleOp.PRUNE:
+                host.prune(slot_id)
+                out["pruned"][e] = out["applied"][e] = True
+                self._refused[e, s] = False
+        return StepOutcome(**out)
+
+    # ------------------------------------------------------------------ rewards
+    def rewards(
+        self,
+        before: np.ndarray,
+        after: np.ndarray,
+        outcome: StepOutcome,
+        terminal: bool,
+        rollback: np.ndarray | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Named reward components ``[E]`` of a transition, from the metrics around it."""
+        val_acc = self._columns["val_acc"]
+        inputs = RewardInputs(
+            val_acc=after[:, val_acc].astype(np.float64),
+            prev_val_acc=before[:, val_acc].astype(np.float64),
+            contribution=after[:, self.slot_columns("contribution")].astype(np.float64),
+            blending=self.contributing(),
+            seed_params=self.seed_params(),
+            illegal_op=outcome.illegal,
+            wasted_op=outcome.refused,
+            fossilized=outcome.fossilized,
+            terminal=np.full(self.n_envs, terminal),
+            rollback=np.zeros(self.n_envs, dtype=bool) if rollback is None else rollback,
+        )
+        return self.reward_fn(inputs, self.config.rewards)

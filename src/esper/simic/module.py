@@ -1,0 +1,211 @@
+"""``PPOModule``: the LightningModule that trains the growth policy.
+
+One ``training_step`` = one rollout (an episode in every env) and one PPO update, so one
+Lightning epoch is one update and ``trainer.max_epochs`` counts updates. The host data
+reaches the envs through the data module's own host loaders, never through Lightning's
+batch loop (whose loader yields a single tick per epoch). Optimisation is manual:
+PPO makes many optimiser steps per rollout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch import LightningModule
+
+from esper.callbacks.base import EsperCallback
+from esper.contracts.rollout import RolloutSummary, StepBatch
+from esper.kasmina import LifecycleConfig, OptimConfig
+from esper.simic.buffer import RolloutBuffer
+from esper.simic.env import EnvConfig, MorphogeneticVecEnv
+from esper.simic.normalizer import NormalizerConfig, RunningObsNormalizer
+from esper.simic.ppo import PPOConfig, make_optimizer, ppo_update
+from esper.simic.rewards import RewardConfig
+from esper.simic.rollout import RolloutCollector, read_packed
+from esper.tamiyo.policy import PolicyConfig, PolicyNetwork
+from esper.tolaria.data.base import HostDataModule
+
+#: Checkpoint key holding what is needed to rebuild the policy before its weights load.
+SPEC_KEY = "esper_policy_spec"
+
+
+class PPOModule(LightningModule):
+    """Trains a :class:`PolicyNetwork` with PPO over ``n_envs`` growing hosts.
+
+    Args:
+        n_envs: hosts trained in parallel (this rank's share under DDP).
+        episode_epochs: host epochs per episode (one rollout).
+        host: registered host name (``cnn``, ``transformer`` or a plugin).
+        host_kwargs: extra constructor arguments for the host.
+        blueprints: the blueprints the policy may plant; default all that fit.
+        reward: registered reward family (``shaped``, ``sparse`` or a plugin).
+        ent_coef_final: entropy coefficient reached linearly by the last update;
+            None keeps ``ppo.ent_coef`` throughout.
+    """
+
+    def __init__(
+        self,
+        n_envs: int = 4,
+        episode_epochs: int = 25,
+        host: str = "cnn",
+        host_kwargs: Mapping[str, Any] | None = None,
+        blueprints: list[str] | None = None,
+        reward: str = "shaped",
+        lifecycle: LifecycleConfig | None = None,
+        host_optim: OptimConfig | None = None,
+        rewards: RewardConfig | None = None,
+        policy: PolicyConfig | None = None,
+        ppo: PPOConfig | None = None,
+        normalizer: NormalizerConfig | None = None,
+        ent_coef_final: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        self.env_config = EnvConfig(
+            n_envs=n_envs,
+            episode_epochs=episode_epochs,
+            host=host,
+            host_kwargs=dict(host_kwargs or {}),
+            blueprints=tuple(blueprints) if blueprints is not None else None,
+            reward=reward,
+            lifecycle=lifecycle or LifecycleConfig(),
+            optim=host_optim or OptimConfig(),
+            rewards=rewards or RewardConfig(),
+        )
+        self.policy_config = policy or PolicyConfig()
+        self.ppo_config = ppo or PPOConfig()
+        self.normalizer_config = normalizer or NormalizerConfig()
+        if ent_coef_final is not None and not ent_coef_final >= 0:
+            raise ValueError(f"ent_coef_final must be >= 0 or None, got {ent_coef_final!r}")
+        self.ent_coef_final = ent_coef_final
+        self.policy: PolicyNetwork | None = None
+        self._obs_dim = 0
+        self.normalizer: RunningObsNormalizer | None = None
+        self.env: MorphogeneticVecEnv | None = None
+        self.collector: RolloutCollector | None = None
+        self.last_summary: RolloutSummary | None = None
+        self.last_metrics: dict[str, float] = {}
+        self._generator = torch.Generator()
+
+    # ------------------------------------------------------------------ building
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if not isinstance(datamodule, HostDataModule):
+            raise TypeError(
+                "PPOModule needs a HostDataModule (e.g. esper.tolaria.data.DigitsDataModule) "
+                f"passed as Trainer.fit(..., datamodule=...), got {type(datamodule).__name__}"
+            )
+        device = self.trainer.strategy.root_device
+        self.env = MorphogeneticVecEnv(self.env_config, datamodule, device)
+        self._build_policy(self.env.layout.dim, self.env.schema)
+        assert self.policy is not None and self.normalizer is not None
+        self.policy.to(device)
+        self.normalizer.to(device)
+        buffer = RolloutBuffer(
+            self.env.n_envs,
+            self.env.decisions_per_episode,
+            self.env.layout.dim,
+            self.env.schema,
+            (self.policy_config.lstm_layers, self.policy_config.hidden_size),
+            device,
+        )
+        self.collector = RolloutCollector(
+            self.env,
+            self.policy,
+            self.normalizer,
+            buffer,
+            self.ppo_config.gamma,
+            self.ppo_config.gae_lambda,
+        )
+        self._generator.manual_seed(int(torch.initial_seed()) % (2**63))
+
+    def _build_policy(self, obs_dim: int, schema: Any) -> None:
+        if self.policy is not None:
+            if self._obs_dim != obs_dim:
+                raise ValueError(
+                    f"the policy expects observations of size {self._obs_dim} but this "
+                    f"run's host and blueprints give {obs_dim}; resume with the same host, "
+                    "data shape and blueprints"
+                )
+            return
+        self._obs_dim = obs_dim
+        self.policy = PolicyNetwork(obs_dim, schema, self.policy_config)
+        self.normalizer = RunningObsNormalizer(obs_dim, self.normalizer_config)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        assert self.policy is not None, "setup() builds the policy before the optimizer"
+        return make_optimizer(self.policy, self.ppo_config)
+
+    # ------------------------------------------------------------------ training
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        assert self.collector is not None and self.policy is not None
+        summary = self._collect()
+        optimizer = self.optimizers()
+        stats = ppo_update(
+            self.policy,
+            optimizer,  # type: ignore[arg-type]
+            self._batch,
+            self.ppo_config,
+            ent_coef=self._ent_coef(),
+            generator=self._generator,
+        )
+        names = sorted(stats)
+        values = read_packed(torch.stack([stats[n].float() for n in names]))
+        metrics = {f"ppo/{n}": float(v) for n, v in zip(names, values, strict=True)}
+        metrics.update(self._rollout_metrics(summary))
+        self.last_metrics = metrics
+        for name, value in metrics.items():
+            self.log(name, value, on_step=False, on_epoch=True, batch_size=1)
+
+    def _collect(self) -> RolloutSummary:
+        assert self.collector is not None
+        hooks = [cb for cb in self.trainer.callbacks if isinstance(cb, EsperCallback)]
+
+        def on_step(batch: StepBatch) -> None:
+            for cb in hooks:
+                cb.on_env_step(self.trainer, self, batch)
+
+        self._batch, summary = self.collector.collect(self.current_epoch, on_step=on_step)
+        for cb in hooks:
+            cb.on_rollout_end(self.trainer, self, summary)
+        self.last_summary = summary
+        return summary
+
+    def _ent_coef(self) -> float:
+        start = self.ppo_config.ent_coef
+        if self.ent_coef_final is None:
+            return start
+        total = self.trainer.max_epochs or 1
+        progress = min(self.current_epoch / max(total - 1, 1), 1.0)
+        return start + (self.ent_coef_final - start) * progress
+
+    @staticmethod
+    def _rollout_metrics(summary: RolloutSummary) -> dict[str, float]:
+        outside = 1.0 - summary.seconds_training_hosts / summary.seconds
+        return {
+            "train/episode_return": float(np.mean(summary.episode_return)),
+            "train/host_val_acc": float(np.mean(summary.final_val_acc)),
+            "train/seeds_germinated": float(np.mean(summary.seeds_germinated)),
+            "train/seeds_fossilized": float(np.mean(summary.seeds_fossilized)),
+            "train/seeds_pruned": float(np.mean(summary.seeds_pruned)),
+            "train/params_added": float(np.mean(summary.params_added)),
+            "perf/env_steps_per_s": summary.env_steps_per_s,
+            "perf/host_reads_per_step": summary.host_reads
+            / (summary.env_steps / len(summary.episode_return) + 1),
+            "perf/fraction_outside_host_training": outside,
+        }
+
+    # --------------------------------------------------------------- checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        assert self.policy is not None
+        checkpoint[SPEC_KEY] = {"obs_dim": self._obs_dim, "schema": self.policy.schema}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        spec = checkpoint.get(SPEC_KEY)
+        if spec is None:
+            raise KeyError(f"checkpoint has no {SPEC_KEY!r} entry; it was not written by PPOModule")
+        self._build_policy(spec["obs_dim"], spec["schema"])

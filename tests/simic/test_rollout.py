@@ -1,0 +1,77 @@
+"""The rollout loop: one packed read per host epoch, whatever the number of envs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from esper.contracts.rollout import StepBatch
+from esper.host_reads import HostReadCounter
+from tests.simic.envs import collector, small_env
+
+EPISODE_EPOCHS = 3
+
+
+@pytest.mark.parametrize("n_envs", [2, 8])
+def test_rollout_reads_the_device_once_per_host_epoch(n_envs: int) -> None:
+    col = collector(small_env(n_envs, EPISODE_EPOCHS))
+    with HostReadCounter() as counter:
+        _, summary = col.collect(0)
+    # One read per host epoch: after each decision's epoch, plus the bootstrap read.
+    assert counter.count == EPISODE_EPOCHS, counter.report()
+    assert summary.host_reads == EPISODE_EPOCHS
+
+
+def test_every_transition_reaches_the_step_hook_with_host_side_arrays() -> None:
+    col = collector(small_env(2, EPISODE_EPOCHS))
+    steps: list[StepBatch] = []
+    batch, summary = col.collect(3, on_step=steps.append)
+    assert [s.step for s in steps] == list(range(EPISODE_EPOCHS - 1))
+    assert all(s.rollout == 3 for s in steps)
+    assert [bool(s.done.all()) for s in steps] == [False] * (EPISODE_EPOCHS - 2) + [True]
+    for s in steps:
+        for value in (
+            s.actions,
+            s.rewards,
+            s.val_acc,
+            s.contribution,
+            *s.reward_components.values(),
+        ):
+            assert isinstance(value, np.ndarray)
+        np.testing.assert_allclose(s.rewards, sum(s.reward_components.values()), rtol=1e-6)
+    np.testing.assert_allclose(
+        summary.episode_return, np.sum([s.rewards for s in steps], axis=0), rtol=1e-5
+    )
+    # The buffer holds the same rewards and actions the hook saw.
+    np.testing.assert_allclose(
+        batch.advantages.new_tensor(np.stack([s.rewards for s in steps], 1)).numpy(),
+        col.buffer.rewards.numpy(),
+        rtol=1e-6,
+    )
+    assert torch.equal(
+        col.buffer.actions, torch.from_numpy(np.stack([s.actions for s in steps], 1))
+    )
+
+
+def test_rollout_gives_a_ppo_batch_with_every_step_valid_and_the_last_terminated() -> None:
+    col = collector(small_env(2, EPISODE_EPOCHS))
+    batch, _ = col.collect(0)
+    assert batch.valid.all()
+    assert col.buffer.terminated[:, -1].all() and not col.buffer.terminated[:, :-1].any()
+    assert batch.episode_starts[:, 0].all() and not batch.episode_starts[:, 1:].any()
+    assert torch.isfinite(batch.advantages).all()
+
+
+def test_actions_taken_are_legal_under_the_masks() -> None:
+    col = collector(small_env(4, 4))
+    steps: list[StepBatch] = []
+    col.collect(0, on_step=steps.append)
+    assert not any(s.illegal.any() for s in steps)
+
+
+def test_the_normaliser_learns_from_each_rollout_once() -> None:
+    col = collector(small_env(2, EPISODE_EPOCHS))
+    col.collect(0)
+    count = float(col.normalizer.count)
+    assert count == 2 * (EPISODE_EPOCHS - 1)

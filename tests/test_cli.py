@@ -1,0 +1,84 @@
+"""`esper fit` end to end, and `esper plugins`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from esper.cli import main
+
+#: The scalars a user watching TensorBoard is promised.
+PROMISED_SCALARS = (
+    "train/episode_return",
+    "train/host_val_acc",
+    "train/seeds_fossilized",
+    "train/params_added",
+    "ppo/policy_loss",
+    "ppo/value_loss",
+    "ppo/entropy",
+    "ppo/approx_kl",
+    "ppo/clip_fraction",
+    "perf/env_steps_per_s",
+)
+
+TINY_CONFIG = """\
+model:
+  n_envs: 2
+  episode_epochs: 3
+  host_kwargs:
+    channels: [4, 8]
+data:
+  class_path: esper.tolaria.data.SyntheticImageDataModule
+  init_args:
+    n_train: 64
+    n_val: 32
+    batch_size: 16
+trainer:
+  max_epochs: 2
+  enable_progress_bar: false
+"""
+
+
+@pytest.fixture(autouse=True)
+def _console_argv(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As if typed at a console: LightningCLI warns when pytest's own argv is present."""
+    monkeypatch.setattr("sys.argv", ["esper"])
+
+
+@pytest.mark.slow
+def test_fit_writes_the_promised_scalars_and_a_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY_CONFIG)
+    root = tmp_path / "run"
+    assert main(["fit", "--config", str(config), "--trainer.default_root_dir", str(root)]) == 0
+
+    events = list(root.rglob("events.out.tfevents.*"))
+    assert events, f"no TensorBoard event file under {root}"
+    acc = EventAccumulator(str(events[0].parent))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    missing = [s for s in PROMISED_SCALARS if s not in tags]
+    assert not missing, f"missing scalars {missing}; logged: {sorted(tags)}"
+    assert len(acc.Scalars("ppo/policy_loss")) == 2  # one point per PPO update
+
+    assert list(root.rglob("*.ckpt")), "no checkpoint written"
+    out = capsys.readouterr().out
+    assert "esper fit: 2 PPO update(s)" in out
+    assert "host val accuracy" in out and "parameters added" in out
+
+
+def test_fit_reports_a_bad_config_value_by_its_key(tmp_path: Path) -> None:
+    with pytest.raises((SystemExit, ValueError)):
+        main(["fit", "--model.n_envs", "0", "--trainer.default_root_dir", str(tmp_path)])
+
+
+def test_plugins_lists_every_registry(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    for group in ("esper.blueprints", "esper.hosts", "esper.datamodules", "esper.callbacks"):
+        assert group in out
+    assert "conv_light" in out and "digits" in out
