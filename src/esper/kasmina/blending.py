@@ -20,6 +20,12 @@ def _sigmoid(z: float) -> float:
 
 def blend_alpha(mode: BlendMode, progress: float) -> float:
     """Alpha in [0, 1] at ``progress`` through the ramp; 0 at 0 and exactly 1 at 1 for every mode."""
+    try:
+        mode = BlendMode(mode)
+    except ValueError:
+        raise ValueError(
+            f"unknown blend mode {mode!r}; choose one of {[m.name for m in BlendMode]}"
+        ) from None
     p = min(max(progress, 0.0), 1.0)
     if mode in (BlendMode.LINEAR, BlendMode.GATED):
         return p

@@ -14,6 +14,7 @@ observation reports).
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 from esper.contracts import BlendMode, IllegalTransitionError, SeedStage, check_transition
@@ -49,9 +50,14 @@ class LifecycleConfig:
                 raise ValueError(
                     f"LifecycleConfig.{name} must be an int >= {minimum}, got {value!r}"
                 )
-        if not math.isfinite(self.min_contribution):
+        value = self.min_contribution
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, numbers.Real)
+            or not math.isfinite(value)
+        ):
             raise ValueError(
-                f"LifecycleConfig.min_contribution must be finite, got {self.min_contribution!r}"
+                f"LifecycleConfig.min_contribution must be a finite number, got {self.min_contribution!r}"
             )
 
 
@@ -115,9 +121,10 @@ class SeedLifecycle:
         self.epochs_in_stage = 0
 
     def germinate(self, blueprint: str, blend_mode: BlendMode) -> None:
+        mode = BlendMode(blend_mode)  # validate before any state changes
         self._enter(SeedStage.GERMINATED)
         self.blueprint = blueprint
-        self.blend_mode = BlendMode(blend_mode)
+        self.blend_mode = mode
         self.last_refusal = ""
 
     def gate(self, target: SeedStage, signals: GateSignals) -> GateResult:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -24,9 +25,13 @@ class OptimConfig:
     weight_decay: float = 5e-4
 
     def __post_init__(self) -> None:
+        for name in ("host_lr", "seed_lr", "momentum", "weight_decay"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(f"OptimConfig.{name} must be a real number, got {value!r}")
         for name in ("host_lr", "seed_lr"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            if not math.isfinite(value) or value <= 0:
                 raise ValueError(
                     f"OptimConfig.{name} must be a finite number > 0, got {value!r}; "
                     "typical values are 1e-3 to 1e-1"

@@ -71,7 +71,18 @@ class Registry(Generic[T]):
     def _load_entry_points(self) -> None:
         if self._entry_points_loaded:
             return
+        # All or nothing: if one plugin fails, roll back the others so that the next lookup
+        # raises the same error again instead of silently answering from a partial registry.
+        before = dict(self._entries)
         self._entry_points_loaded = True
+        try:
+            self._register_entry_points()
+        except BaseException:
+            self._entries = before
+            self._entry_points_loaded = False
+            raise
+
+    def _register_entry_points(self) -> None:
         for ep in entry_points(group=self.group):
             source = _distribution_of(ep)
             try:

@@ -1,0 +1,86 @@
+"""What every host offers (kasmina/hosts/base.py) and the host registry (hosts/__init__.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from esper.contracts import BlendMode, SeedStage
+from esper.kasmina import HOSTS, CNNHost, GateSignals, HostModel, TransformerHost
+from tests.kasmina.factories import FAST, HOST_KINDS, make_host
+
+
+def test_host_registry_holds_the_builtin_hosts() -> None:
+    assert HOSTS.get("cnn") is CNNHost
+    assert HOSTS.get("transformer") is TransformerHost
+    for name in ("cnn", "transformer"):
+        assert issubclass(HOSTS.get(name), HostModel)
+        assert HOSTS.get(name).kind == name
+
+
+def test_host_registry_rejects_non_host_classes() -> None:
+    from esper.kasmina.hosts import _as_host_class
+
+    with pytest.raises(TypeError, match=r"subclass of esper\.kasmina\.hosts\.HostModel"):
+        _as_host_class("x", torch.nn.Linear)
+    with pytest.raises(TypeError, match=r"subclass of esper\.kasmina\.hosts\.HostModel"):
+        _as_host_class("x", CNNHost())
+
+
+@pytest.mark.parametrize("kind", HOST_KINDS)
+def test_unknown_slot_raises_key_error_listing_the_slots(kind: str) -> None:
+    host = make_host(kind)
+    with pytest.raises(KeyError, match=f"no slot 'nope'; its slots are .*{host.slot_ids[0]}"):
+        host.slot("nope")
+
+
+@pytest.mark.parametrize("kind", HOST_KINDS)
+def test_slot_lookup_and_iteration_agree(kind: str) -> None:
+    host = make_host(kind)
+    assert [s.slot_id for s in host.iter_slots()] == list(host.slot_ids)
+    for slot_id in host.slot_ids:
+        assert host.slot(slot_id).slot_id == slot_id
+
+
+@pytest.mark.parametrize("kind", HOST_KINDS)
+def test_host_parameters_exclude_live_seeds_and_include_fossilized_ones(kind: str) -> None:
+    host = make_host(kind, lifecycle=FAST)
+    bare = {id(p) for p in host.parameters()}
+    assert {id(p) for p in host.host_parameters()} == bare
+    assert host.seed_param_count() == 0
+
+    live, fossil = host.slot_ids[:2]
+    host.slot(live).germinate("norm", BlendMode.LINEAR)
+    host.slot(fossil).germinate("mlp", BlendMode.GATED)
+    good = GateSignals(grads_finite=True, contribution=1.0)
+    while host.slot(fossil).stage is not SeedStage.FOSSILIZED:
+        if not host.slot(fossil).advance(good):
+            host.slot(fossil).end_epoch()
+
+    live_ids = {id(p) for p in host.slot(live).seed_parameters()}
+    fossil_ids = {id(p) for p in host.slot(fossil).seed_parameters()}
+    assert {id(p) for p in host.host_parameters()} == bare | fossil_ids
+    assert not live_ids & {id(p) for p in host.host_parameters()}
+    assert host.seed_param_count() == sum(
+        p.numel() for p in host.slot(live).seed_parameters()
+    ) + sum(p.numel() for p in host.slot(fossil).seed_parameters())
+
+
+@pytest.mark.parametrize("kind", HOST_KINDS)
+def test_per_replica_loss_and_correct_match_each_replica_alone(kind: str) -> None:
+    host = make_host(kind)
+    torch.manual_seed(3)
+    if kind == "cnn":
+        targets = torch.randint(0, 10, (4,))
+        outputs = torch.randn(3 * 4, 10)
+    else:
+        targets = torch.randint(0, 11, (4, 8))
+        outputs = torch.randn(3 * 4, 8, 11)
+    correct = host.correct_per_replica(outputs, targets, replicas=3)
+    losses = host.loss_per_replica(outputs, targets, replicas=3)
+    assert correct.shape == losses.shape == (3,)
+    for r in range(3):
+        chunk = outputs[r * 4 : (r + 1) * 4]
+        loss, n_correct, n = host.loss_and_correct(chunk, targets)
+        assert int(correct[r]) == int(n_correct)
+        assert torch.allclose(losses[r], loss * n, rtol=1e-5)

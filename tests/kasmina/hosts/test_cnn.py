@@ -1,0 +1,94 @@
+"""The convolutional host (kasmina/hosts/cnn.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from esper.kasmina import CNNHost, SlotShape
+
+
+@pytest.mark.parametrize(
+    ("input_shape", "slot_shapes"),
+    [
+        ((1, 8, 8), [(16, (8, 8)), (32, (4, 4)), (64, (2, 2))]),
+        ((3, 32, 32), [(16, (32, 32)), (32, (16, 16)), (64, (8, 8))]),
+    ],
+    ids=["digits", "cifar10"],
+)
+def test_cnn_host_builds_and_runs_on_digits_and_cifar_shapes(
+    input_shape: tuple[int, int, int], slot_shapes: list[tuple[int, tuple[int, int]]]
+) -> None:
+    torch.manual_seed(0)
+    host = CNNHost(input_shape)
+    assert host.kind == "cnn"
+    assert host.slot_ids == ("stage0", "stage1", "stage2")
+    assert [s.shape for s in host.iter_slots()] == [
+        SlotShape("cnn", c, hw) for c, hw in slot_shapes
+    ]
+    x = torch.randn(3, *input_shape)
+    out = host(x)
+    assert out.shape == (3, 10)
+    assert bool(torch.isfinite(out).all())
+
+
+def test_pooling_stops_once_the_feature_map_is_one_pixel() -> None:
+    host = CNNHost((1, 2, 2), channels=(4, 4, 4))
+    assert host.pools == [True, False, False]
+    assert [s.shape.spatial for s in host.iter_slots()] == [(2, 2), (1, 1), (1, 1)]
+    assert host(torch.randn(2, 1, 2, 2)).shape == (2, 10)
+
+
+@pytest.mark.parametrize(
+    ("built_for", "given"),
+    [
+        ((1, 8, 8), (2, 3, 32, 32)),
+        ((3, 32, 32), (2, 1, 8, 8)),
+        ((1, 8, 8), (2, 1, 8, 9)),
+        ((1, 8, 8), (1, 8, 8)),
+        ((1, 8, 8), (2, 1, 1, 8, 8)),
+    ],
+)
+def test_wrong_image_shape_raises_value_error_naming_expected_and_got(
+    built_for: tuple[int, ...], given: tuple[int, ...]
+) -> None:
+    host = CNNHost(built_for)
+    expected = f"[batch, {', '.join(map(str, built_for))}]"
+    with pytest.raises(ValueError, match=r"CNNHost expects images shaped") as info:
+        host(torch.zeros(given))
+    assert expected in str(info.value)
+    assert f"got {list(given)}" in str(info.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int64, torch.bool])
+def test_non_float_images_raise_value_error_naming_the_dtype(dtype: torch.dtype) -> None:
+    host = CNNHost((1, 8, 8))
+    with pytest.raises(ValueError, match=f"floating-point images, got dtype {dtype}"):
+        host(torch.zeros(2, 1, 8, 8, dtype=dtype))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"input_shape": (8, 8)}, "input_shape"),
+        ({"input_shape": (1, 0, 8)}, "input_shape"),
+        ({"n_classes": 1}, "n_classes"),
+        ({"channels": ()}, "channels"),
+        ({"channels": (16, 0)}, "channels"),
+    ],
+)
+def test_bad_constructor_arguments_raise_value_error_naming_the_field(
+    kwargs: dict, field: str
+) -> None:
+    with pytest.raises(ValueError, match=f"CNNHost.{field}"):
+        CNNHost(**kwargs)
+
+
+def test_loss_and_correct_counts_predictions_per_sample() -> None:
+    host = CNNHost((1, 8, 8), n_classes=3)
+    outputs = torch.tensor([[5.0, 0.0, 0.0], [0.0, 5.0, 0.0], [0.0, 0.0, 5.0], [5.0, 0.0, 0.0]])
+    targets = torch.tensor([0, 1, 0, 0])
+    loss, correct, n = host.loss_and_correct(outputs, targets)
+    assert n == 4
+    assert int(correct) == 3
+    assert torch.allclose(loss, torch.nn.functional.cross_entropy(outputs, targets))

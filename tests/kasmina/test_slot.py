@@ -1,0 +1,395 @@
+"""SeedSlot: zero-init planting, gradient isolation, blending, gating and counterfactuals."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from esper.contracts import BlendMode, IllegalTransitionError, SeedStage
+from esper.kasmina import (
+    BlueprintFitError,
+    GateSignals,
+    GrowingHost,
+    LifecycleConfig,
+    OptimConfig,
+    SeedSlot,
+    SlotShape,
+)
+from esper.kasmina.blueprints import BLUEPRINTS
+from esper.kasmina.slot import GATE_INIT_LOGIT, ChannelGate
+from tests.kasmina.factories import (
+    FAST,
+    fitting_cases,
+    forward_backward,
+    make_batch,
+    make_host,
+)
+
+ALL_CASES = fitting_cases(all_slots=True)
+FIRST_SLOT_CASES = fitting_cases(all_slots=False)
+POSITIVE = GateSignals(grads_finite=True, contribution=1.0)
+
+
+def test_every_blueprint_is_covered_by_some_host_case() -> None:
+    covered = {case.values[2] for case in ALL_CASES}
+    assert covered == set(BLUEPRINTS.names())
+    kinds = {case.values[0] for case in ALL_CASES}
+    assert kinds == {"cnn", "transformer"}
+
+
+def _walk_to(slot: SeedSlot, stage: SeedStage) -> None:
+    """Advance a GERMINATED seed along the success path to ``stage`` (FAST lifecycle)."""
+    while slot.stage is not stage:
+        before = slot.stage
+        result = slot.advance(POSITIVE)
+        if not result:
+            slot.end_epoch()
+            result = slot.advance(POSITIVE)
+        assert result, result.reason
+        assert slot.stage is not before
+
+
+@pytest.mark.parametrize(("kind", "slot_id", "blueprint"), ALL_CASES)
+def test_germinated_seed_leaves_host_outputs_bit_identical(
+    kind: str, slot_id: str, blueprint: str
+) -> None:
+    host = make_host(kind)
+    grown = copy.deepcopy(host)
+    grown.slot(slot_id).germinate(blueprint, BlendMode.LINEAR)
+    assert grown.slot(slot_id).stage is SeedStage.GERMINATED
+    x, _ = make_batch(host)
+    for mode in ("train", "eval"):
+        host.train(mode == "train")
+        grown.train(mode == "train")
+        with torch.no_grad():
+            assert torch.equal(host(x), grown(x)), mode
+
+
+@pytest.mark.parametrize(("kind", "slot_id", "blueprint"), ALL_CASES)
+def test_training_seed_leaves_host_grads_and_outputs_bit_identical(
+    kind: str, slot_id: str, blueprint: str
+) -> None:
+    host = make_host(kind)
+    grown = copy.deepcopy(host)
+    slot = grown.slot(slot_id)
+    slot.germinate(blueprint, BlendMode.LINEAR)
+    assert slot.advance(GateSignals())
+    assert slot.stage is SeedStage.TRAINING
+    x, y = make_batch(host)
+
+    out_host = forward_backward(host, x, y)
+    out_grown = forward_backward(grown, x, y)
+
+    assert torch.equal(out_host, out_grown)
+    host_params = dict(host.named_parameters())
+    grown_params = dict(grown.named_parameters())
+    seed_ids = {id(p) for p in slot.seed_parameters()}
+    grown_host_params = {n: p for n, p in grown_params.items() if id(p) not in seed_ids}
+    assert grown_host_params.keys() == host_params.keys()
+    for name, p in host_params.items():
+        assert p.grad is not None, name
+        assert grown_host_params[name].grad is not None, name
+        assert torch.equal(p.grad, grown_host_params[name].grad), name
+    # BatchNorm running statistics are host state too.
+    for (name, b), (_, gb) in zip(host.named_buffers(), grown.named_buffers(), strict=False):
+        if not name.endswith("_device_anchor"):
+            assert torch.equal(b, gb), name
+
+    seed_grads = [p.grad for p in slot.seed_parameters()]
+    assert any(g is not None and bool(g.abs().sum() > 0) for g in seed_grads)
+    assert all(g is None or bool(torch.isfinite(g).all()) for g in seed_grads)
+
+
+def _slot_delta(host: nn.Module, slot: SeedSlot, x: torch.Tensor) -> torch.Tensor:
+    """What the slot adds to its input, on ``x``, in eval mode and without grads."""
+    captured: list[torch.Tensor] = []
+    handle = slot.register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
+    was_training = host.training
+    host.eval()
+    try:
+        with torch.no_grad():
+            host(x)
+            h = captured[0]
+            return slot(h) - h
+    finally:
+        handle.remove()
+        host.train(was_training)
+
+
+@pytest.mark.parametrize("stage", [SeedStage.BLENDING, SeedStage.HOLDING])
+@pytest.mark.parametrize(("kind", "slot_id", "blueprint"), FIRST_SLOT_CASES)
+def test_blending_and_holding_seed_start_at_zero_delta_and_learn_a_nonzero_one(
+    kind: str, slot_id: str, blueprint: str, stage: SeedStage
+) -> None:
+    host = make_host(kind, lifecycle=FAST)
+    alone = copy.deepcopy(host)
+    grown = GrowingHost(host, OptimConfig(host_lr=0.05, seed_lr=0.1))
+    grown.germinate(slot_id, blueprint, BlendMode.LINEAR)
+    slot = host.slot(slot_id)
+    _walk_to(slot, stage)
+    assert slot.alpha > 0
+    x, y = make_batch(host)
+
+    host.eval()
+    alone.eval()
+    with torch.no_grad():
+        assert torch.equal(host(x), alone(x))
+    assert not bool(_slot_delta(host, slot, x).any())
+
+    host.train()
+    grown.zero_grad()
+    forward_backward(host, x, y)
+    grown.step()
+    assert slot.stage is stage
+    assert bool(_slot_delta(host, slot, x).abs().sum() > 0)
+
+
+@pytest.mark.parametrize(
+    ("stage", "detached"),
+    [
+        (SeedStage.TRAINING, True),
+        (SeedStage.BLENDING, True),
+        (SeedStage.HOLDING, True),
+        (SeedStage.FOSSILIZED, False),
+    ],
+)
+@pytest.mark.parametrize("kind", ["cnn", "transformer"])
+def test_seed_sees_detached_host_activation_until_fossilized(
+    kind: str, stage: SeedStage, detached: bool
+) -> None:
+    host = make_host(kind, lifecycle=FAST)
+    slot = host.slot(host.slot_ids[0])
+    slot.germinate("mlp", BlendMode.LINEAR)
+    _walk_to(slot, stage)
+    seen: list[bool] = []
+    assert slot.seed is not None
+    slot.seed.register_forward_pre_hook(lambda _m, args: seen.append(args[0].requires_grad))
+    x, y = make_batch(host)
+    forward_backward(host, x, y)
+    assert seen == [not detached]
+
+
+def test_training_seed_is_skipped_in_eval_and_no_grad_forward() -> None:
+    host = make_host("cnn")
+    slot = host.slot("stage0")
+    slot.germinate("conv_light", BlendMode.LINEAR)
+    slot.advance(GateSignals())
+    calls: list[int] = []
+    assert slot.seed is not None
+    slot.seed.register_forward_hook(lambda *_: calls.append(1))
+    x, _ = make_batch(host)
+    host.eval()
+    host(x)
+    host.train()
+    with torch.no_grad():
+        host(x)
+    assert calls == []
+    host(x)
+    assert calls == [1]
+
+
+def test_germinated_seed_is_never_run() -> None:
+    host = make_host("transformer")
+    slot = host.slot("block0")
+    slot.germinate("mlp", BlendMode.LINEAR)
+    calls: list[int] = []
+    assert slot.seed is not None
+    slot.seed.register_forward_hook(lambda *_: calls.append(1))
+    x, y = make_batch(host)
+    forward_backward(host, x, y)
+    assert calls == []
+    assert all(p.grad is None for p in slot.seed_parameters())
+
+
+def test_blending_output_is_host_plus_alpha_times_seed_output() -> None:
+    slot = SeedSlot("s", SlotShape("transformer", 8, (4,), causal=True), FAST)
+    seed = slot.germinate("lora", BlendMode.LINEAR)
+    with torch.no_grad():
+        for p in seed.parameters():
+            p.normal_()
+    slot.advance(POSITIVE)  # TRAINING
+    slot.advance(POSITIVE)  # BLENDING
+    assert slot.stage is SeedStage.BLENDING
+    h = torch.randn(2, 4, 8)
+    with torch.no_grad():
+        expected = h + slot.alpha * seed(h)
+        assert torch.allclose(slot(h), expected)
+        assert not torch.allclose(slot(h), h)
+
+
+def test_germinating_a_non_fitting_blueprint_raises_one_fit_error_and_leaves_slot_dormant() -> None:
+    host = make_host("transformer")
+    slot = host.slot("block0")
+    with pytest.raises(BlueprintFitError, match=r"'conv_light'.*'transformer'"):
+        slot.germinate("conv_light", BlendMode.LINEAR)
+    assert slot.stage is SeedStage.DORMANT
+    assert slot.seed is None
+    assert slot.lifecycle.blueprint is None
+    # The slot is still usable.
+    slot.germinate("norm", BlendMode.LINEAR)
+    assert slot.stage is SeedStage.GERMINATED
+
+
+def test_germinating_an_unknown_blueprint_raises_key_error_listing_known_ones() -> None:
+    slot = SeedSlot("s", SlotShape("cnn", 8, (4, 4)))
+    with pytest.raises(KeyError, match=r"unknown blueprint 'nope'.*conv_light"):
+        slot.germinate("nope", BlendMode.LINEAR)
+    assert slot.stage is SeedStage.DORMANT
+
+
+def test_germinating_with_invalid_blend_mode_raises_and_leaves_slot_dormant() -> None:
+    slot = SeedSlot("s", SlotShape("cnn", 8, (4, 4)))
+    with pytest.raises(ValueError, match="BlendMode"):
+        slot.germinate("conv_light", 99)  # type: ignore[arg-type]
+    assert slot.stage is SeedStage.DORMANT
+    assert slot.seed is None
+    assert slot.lifecycle.blueprint is None
+
+
+@pytest.mark.parametrize(
+    "stage",
+    [
+        SeedStage.GERMINATED,
+        SeedStage.TRAINING,
+        SeedStage.PRUNED,
+        SeedStage.EMBARGOED,
+        SeedStage.RESETTING,
+    ],
+)
+def test_germinating_an_occupied_or_cooling_slot_raises_and_keeps_its_state(
+    stage: SeedStage,
+) -> None:
+    slot = SeedSlot(
+        "s", SlotShape("cnn", 8, (4, 4)), LifecycleConfig(embargo_epochs=2, reset_epochs=2)
+    )
+    slot.germinate("norm", BlendMode.LINEAR)
+    if stage is SeedStage.TRAINING:
+        slot.advance(POSITIVE)
+    elif stage in (SeedStage.PRUNED, SeedStage.EMBARGOED, SeedStage.RESETTING):
+        slot.prune()
+        while slot.stage is not stage:
+            slot.end_epoch()
+    seed_before = slot.seed
+    with pytest.raises(IllegalTransitionError, match=f"{stage.name} -> GERMINATED"):
+        slot.germinate("conv_light", BlendMode.LINEAR)
+    assert slot.stage is stage
+    assert slot.seed is seed_before
+    assert slot.lifecycle.blueprint == "norm"
+
+
+def test_prune_drops_the_seed_module_and_its_parameters() -> None:
+    slot = SeedSlot("s", SlotShape("cnn", 8, (4, 4)))
+    slot.germinate("conv_heavy", BlendMode.GATED)
+    assert slot.has_seed and slot.gate is not None
+    assert len(list(slot.parameters())) > 0
+    slot.prune()
+    assert slot.stage is SeedStage.PRUNED
+    assert not slot.has_seed and slot.gate is None
+    assert list(slot.parameters()) == []
+    assert slot.seed_param_count() == 0
+
+
+def test_prune_of_fossilized_slot_raises_and_keeps_the_seed() -> None:
+    slot = SeedSlot("s", SlotShape("cnn", 8, (4, 4)), FAST)
+    slot.germinate("conv_light", BlendMode.LINEAR)
+    _walk_to(slot, SeedStage.FOSSILIZED)
+    with pytest.raises(IllegalTransitionError, match="FOSSILIZED -> PRUNED"):
+        slot.prune()
+    assert slot.stage is SeedStage.FOSSILIZED
+    assert slot.has_seed
+
+
+@pytest.mark.parametrize(
+    ("stage", "blends"),
+    [
+        (SeedStage.GERMINATED, False),
+        (SeedStage.TRAINING, False),
+        (SeedStage.BLENDING, True),
+        (SeedStage.HOLDING, True),
+        (SeedStage.FOSSILIZED, True),
+    ],
+)
+def test_blends_output_only_from_blending_on(stage: SeedStage, blends: bool) -> None:
+    slot = SeedSlot("s", SlotShape("cnn", 8, (4, 4)), FAST)
+    assert not slot.blends_output
+    slot.germinate("norm", BlendMode.LINEAR)
+    _walk_to(slot, stage)
+    assert slot.blends_output is blends
+
+
+def test_gated_blend_adds_an_almost_open_per_channel_gate_to_the_seed_params() -> None:
+    slot = SeedSlot("s", SlotShape("cnn", 8, (4, 4)))
+    slot.germinate("conv_light", BlendMode.GATED)
+    assert slot.gate is not None
+    assert torch.equal(slot.gate.logit, torch.full((8,), GATE_INIT_LOGIT))
+    gate_ids = {id(p) for p in slot.gate.parameters()}
+    assert gate_ids <= {id(p) for p in slot.seed_parameters()}
+    assert slot.seed_param_count() == BLUEPRINTS.get("conv_light").param_count(slot.shape) + 8
+
+
+@pytest.mark.parametrize("blend", [m for m in BlendMode if m is not BlendMode.GATED])
+def test_ungated_blends_have_no_gate(blend: BlendMode) -> None:
+    slot = SeedSlot("s", SlotShape("cnn", 8, (4, 4)))
+    slot.germinate("conv_light", blend)
+    assert slot.gate is None
+    assert slot.seed_param_count() == BLUEPRINTS.get("conv_light").param_count(slot.shape)
+
+
+@pytest.mark.parametrize(
+    ("shape", "delta_shape", "channel_dim"),
+    [
+        (SlotShape("cnn", 3, (2, 2)), (2, 3, 2, 2), 1),
+        (SlotShape("transformer", 3, (5,), causal=True), (2, 5, 3), -1),
+    ],
+)
+def test_channel_gate_scales_each_channel_by_sigmoid_of_its_logit(
+    shape: SlotShape, delta_shape: tuple[int, ...], channel_dim: int
+) -> None:
+    gate = ChannelGate(shape)
+    with torch.no_grad():
+        gate.logit.copy_(torch.tensor([-2.0, 0.0, 4.0]))
+    out = gate(torch.ones(delta_shape))
+    expected = torch.sigmoid(gate.logit.detach())
+    for c in range(3):
+        assert torch.allclose(
+            out.select(channel_dim, c), expected[c].expand_as(out.select(channel_dim, c))
+        )
+
+
+@pytest.mark.parametrize("kind", ["cnn", "transformer"])
+def test_counterfactual_scale_gives_each_replica_its_own_alpha(kind: str) -> None:
+    host = make_host(kind, lifecycle=FAST)
+    slot = host.slot(host.slot_ids[0])
+    seed = slot.germinate("mlp", BlendMode.LINEAR)
+    _walk_to(slot, SeedStage.HOLDING)
+    with torch.no_grad():
+        for p in seed.parameters():
+            p.normal_(std=0.5)
+    host.eval()
+    x, _ = make_batch(host)
+    with torch.no_grad():
+        with_seed = host(x)
+        slot.set_counterfactual_scale(torch.zeros(1))
+        without_seed = host(x)
+        slot.set_counterfactual_scale(torch.tensor([1.0, 0.0]))
+        both = host(torch.cat([x, x]))
+        slot.set_counterfactual_scale(None)
+        again = host(x)
+    assert not torch.allclose(with_seed, without_seed)
+    n = x.shape[0]
+    assert torch.allclose(both[:n], with_seed, atol=1e-6)
+    assert torch.allclose(both[n:], without_seed, atol=1e-6)
+    assert torch.equal(again, with_seed)
+
+
+def test_slot_alpha_and_stage_mirror_its_lifecycle_and_show_in_repr() -> None:
+    slot = SeedSlot("stage1", SlotShape("cnn", 8, (4, 4)), FAST)
+    slot.germinate("norm", BlendMode.COSINE)
+    _walk_to(slot, SeedStage.BLENDING)
+    assert slot.stage is slot.lifecycle.stage is SeedStage.BLENDING
+    assert slot.alpha == slot.lifecycle.alpha == 1.0
+    text = repr(slot)
+    assert "id=stage1" in text and "stage=BLENDING" in text and "blueprint=norm" in text
