@@ -78,3 +78,15 @@ def test_tensor_methods_are_restored_on_exit_even_after_an_error() -> None:
 def test_nesting_is_refused() -> None:
     with HostReadCounter(), pytest.raises(RuntimeError, match="nested"), HostReadCounter():
         pass
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_device_to_host_copies_are_counted_and_uploads_are_not() -> None:
+    t = torch.arange(4.0, device="cuda")
+    with HostReadCounter() as counter:
+        t.to("cpu")
+        torch.empty(4).copy_(t)
+        torch.ones(4).to("cuda", non_blocking=True)
+        t.tolist()
+    assert counter.count == 3, counter.report()

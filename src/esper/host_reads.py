@@ -9,8 +9,8 @@ Two layers, because neither alone sees everything:
 
 * a ``TorchDispatchMode`` sees the aten ops that need a value on the host
   (``_local_scalar_dense`` behind ``item``/``float``/``bool``/``int``, ``nonzero``,
-  ``masked_select``, boolean ``index``, ``unique``, ``equal``, ``is_nonzero``), from
-  Python and C++ alike;
+  ``masked_select``, boolean ``index``, ``unique``, ``equal``, ``is_nonzero``, and copies
+  from a device to the CPU such as ``.to("cpu")``), from Python and C++ alike;
 * wrappers on ``Tensor.item/tolist/cpu/numpy/__bool__/__float__/__int__/__index__`` see the
   calls that never dispatch an aten op (``tolist``/``numpy`` read memory directly, and
   ``cpu()`` of a CPU tensor is a no-op) but are host reads on a GPU.
@@ -52,6 +52,9 @@ _READ_OPS: frozenset[str] = frozenset(
 )
 #: Indexing is a host read only when an index is a boolean mask (it becomes ``nonzero``).
 _INDEX_OPS: frozenset[str] = frozenset({"aten::index", "aten::index_put", "aten::index_put_"})
+
+#: Copies are host reads when they bring device memory to the CPU (``.to("cpu")``, ``copy_``).
+_COPY_OPS: frozenset[str] = frozenset({"aten::_to_copy", "aten::copy_"})
 
 #: Tensor methods that read values on the host without necessarily dispatching an aten op.
 WRAPPED_METHODS: tuple[str, ...] = (
@@ -133,7 +136,9 @@ class HostReadCounter(TorchDispatchMode):
         kwargs = kwargs or {}
         name = func._schema.name
         if not self._inside() and (
-            name in _READ_OPS or (name in _INDEX_OPS and _has_bool_index(args))
+            name in _READ_OPS
+            or (name in _INDEX_OPS and _has_bool_index(args))
+            or (name in _COPY_OPS and _copies_to_host(name, args, kwargs))
         ):
             self._record(f"aten op {func}")
         return func(*args, **kwargs)
@@ -191,6 +196,27 @@ def _has_bool_index(args: tuple[Any, ...]) -> bool:
         return False
     return any(
         isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices
+    )
+
+
+def _copies_to_host(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """True for a device-to-CPU copy; CPU-to-CPU and host-to-device copies are not reads."""
+    if name == "aten::_to_copy":
+        source, target = args[0], kwargs.get("device")
+        return (
+            isinstance(source, torch.Tensor)
+            and source.device.type != "cpu"
+            and target is not None
+            and torch.device(target).type == "cpu"
+        )
+    if len(args) < 2:
+        return False
+    target, source = args[0], args[1]
+    return (
+        isinstance(target, torch.Tensor)
+        and isinstance(source, torch.Tensor)
+        and target.device.type == "cpu"
+        and source.device.type != "cpu"
     )
 
 

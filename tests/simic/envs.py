@@ -32,9 +32,10 @@ def small_env(n_envs: int, episode_epochs: int = 4, **overrides: object) -> Morp
 def collector(env: MorphogeneticVecEnv, seed: int = 0) -> RolloutCollector:
     torch.manual_seed(seed)
     policy = PolicyNetwork(env.layout.dim, env.schema, PolicyConfig(hidden_size=HIDDEN))
+    policy.to(env.device)
     buffer = RolloutBuffer(
         env.n_envs, env.decisions_per_episode, env.layout.dim, env.schema, (1, HIDDEN), env.device
     )
     return RolloutCollector(
-        env, policy, RunningObsNormalizer(env.layout.dim), buffer, GAMMA, LAMBDA
+        env, policy, RunningObsNormalizer(env.layout.dim).to(env.device), buffer, GAMMA, LAMBDA
     )

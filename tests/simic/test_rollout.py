@@ -75,3 +75,22 @@ def test_the_normaliser_learns_from_each_rollout_once() -> None:
     col.collect(0)
     count = float(col.normalizer.count)
     assert count == 2 * (EPISODE_EPOCHS - 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("n_envs", [2, 8])
+def test_cuda_rollout_reads_the_device_once_per_host_epoch(n_envs: int) -> None:
+    from esper.simic.env import EnvConfig, MorphogeneticVecEnv
+    from tests.simic.envs import small_data
+
+    config = EnvConfig(
+        n_envs=n_envs, episode_epochs=EPISODE_EPOCHS, host_kwargs={"channels": [4, 8]}
+    )
+    env = MorphogeneticVecEnv(config, small_data(), "cuda")
+    col = collector(env)
+    col.collect(0)  # warm-up: lazy CUDA init makes reads of its own
+    with HostReadCounter() as counter:
+        batch, _ = col.collect(1)
+    assert counter.count == EPISODE_EPOCHS, counter.report()
+    assert batch.advantages.device.type == "cuda"

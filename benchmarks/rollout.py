@@ -1,0 +1,145 @@
+"""Rollout throughput: env steps/s, host reads per step, time spent outside host training.
+
+For each ``n_envs`` the script builds the real env (CNN host on the embedded digits data
+unless told otherwise), a fresh policy and a collector, runs one warm-up rollout, then:
+
+1. times ``--repeats`` rollouts as they run in training (no extra syncs): env steps/s,
+   where an env step is one decision of one env (``n_envs * (episode_epochs - 1)`` per
+   rollout) and host epochs/s counts ``run_epoch`` calls;
+2. runs one rollout under :class:`HostReadCounter` and reports reads per host epoch
+   (DataLoader/sampler bookkeeping on CPU index tensors excluded, as in the tests);
+3. runs one rollout with the device synchronised before and after every host epoch, so
+   host-training time is attributed correctly on CUDA (where ``run_epoch`` returns before
+   its kernels finish), and reports the fraction of rollout time outside host training.
+
+Usage: ``python benchmarks/rollout.py [--device cuda] [--episode-epochs 5] [--repeats 2]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from esper.host_reads import HostReadCounter
+from esper.simic.buffer import RolloutBuffer
+from esper.simic.env import EnvConfig, MorphogeneticVecEnv
+from esper.simic.normalizer import RunningObsNormalizer
+from esper.simic.rollout import RolloutCollector
+from esper.tamiyo.policy import PolicyConfig, PolicyNetwork
+from esper.tolaria.data import DATAMODULES
+
+N_ENVS = (2, 4, 8)
+GAMMA, GAE_LAMBDA = 0.99, 0.95
+
+
+def build(n_envs: int, args: argparse.Namespace, device: torch.device) -> RolloutCollector:
+    data = DATAMODULES.get(args.data)(batch_size=args.batch_size)
+    env = MorphogeneticVecEnv(
+        EnvConfig(n_envs=n_envs, episode_epochs=args.episode_epochs), data, device
+    )
+    policy = PolicyNetwork(env.layout.dim, env.schema, PolicyConfig()).to(device)
+    config = policy.config
+    buffer = RolloutBuffer(
+        n_envs,
+        env.decisions_per_episode,
+        env.layout.dim,
+        env.schema,
+        (config.lstm_layers, config.hidden_size),
+        device,
+    )
+    normalizer = RunningObsNormalizer(env.layout.dim).to(device)
+    return RolloutCollector(env, policy, normalizer, buffer, GAMMA, GAE_LAMBDA)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def with_synced_epochs(collector: RolloutCollector, device: torch.device) -> Callable[[], None]:
+    """Make every host epoch end only when its device work has; returns the undo."""
+    env = collector.env
+    original = env.train_epoch
+
+    def synced() -> object:
+        synchronize(device)
+        result = original()
+        synchronize(device)
+        return result
+
+    env.train_epoch = synced  # type: ignore[method-assign]
+
+    def undo() -> None:
+        env.train_epoch = original  # type: ignore[method-assign]
+
+    return undo
+
+
+def measure(n_envs: int, args: argparse.Namespace, device: torch.device) -> dict[str, float]:
+    torch.manual_seed(0)
+    collector = build(n_envs, args, device)
+    collector.collect(0)  # warm-up: allocator, kernels, data loading
+    host_epochs = collector.env.config.episode_epochs
+    decisions = n_envs * collector.env.decisions_per_episode
+
+    seconds = []
+    for r in range(args.repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        collector.collect(r + 1)
+        synchronize(device)
+        seconds.append(time.perf_counter() - start)
+    wall = statistics.median(seconds)
+
+    with HostReadCounter() as counter:
+        collector.collect(args.repeats + 1)
+
+    undo = with_synced_epochs(collector, device)
+    try:
+        _, summary = collector.collect(args.repeats + 2)
+    finally:
+        undo()
+    return {
+        "env_steps_per_s": decisions / wall,
+        "host_epochs_per_s": host_epochs / wall,
+        "reads_per_host_epoch": counter.count / host_epochs,
+        "outside_training": 1.0 - summary.seconds_training_hosts / summary.seconds,
+        "rollout_s": wall,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    default_device = "cuda" if torch.cuda.is_available() else "cpu"
+    parser.add_argument("--device", default=default_device)
+    parser.add_argument("--data", default="digits", help="registered data module name")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--episode-epochs", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--n-envs", type=int, nargs="+", default=list(N_ENVS))
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(
+        f"rollout benchmark: data={args.data}, episode_epochs={args.episode_epochs}, "
+        f"batch_size={args.batch_size}, device={name}, torch threads={torch.get_num_threads()}"
+    )
+    print(
+        f"{'n_envs':>6} | {'env steps/s':>11} | {'host epochs/s':>13} | "
+        f"{'reads/host epoch':>16} | {'outside host training':>21} | {'rollout s':>9}"
+    )
+    for n_envs in args.n_envs:
+        m = measure(n_envs, args, device)
+        print(
+            f"{n_envs:>6} | {m['env_steps_per_s']:>11.2f} | {m['host_epochs_per_s']:>13.2f} | "
+            f"{m['reads_per_host_epoch']:>16.2f} | {m['outside_training']:>20.1%} | "
+            f"{m['rollout_s']:>9.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
