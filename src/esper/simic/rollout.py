@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -27,9 +28,24 @@ from esper.simic.env import MorphogeneticVecEnv, StepOutcome
 from esper.simic.normalizer import RunningObsNormalizer
 from esper.simic.ppo import PPOBatch
 from esper.simic.rewards import total
-from esper.tamiyo.policy import ActResult, PolicyNetwork
+from esper.tamiyo.action_masks import ActionMasks
+from esper.tamiyo.policy import ActResult, LSTMState
 
 StepHook = Callable[[StepBatch], None]
+
+
+class Controller(Protocol):
+    """What drives the envs: the PPO policy, or the heuristic baseline."""
+
+    def initial_state(self, n_envs: int, device: torch.device | str | None = None) -> LSTMState: ...
+
+    def act(
+        self, obs: Tensor, hidden: LSTMState, masks: ActionMasks, deterministic: bool = False
+    ) -> ActResult: ...
+
+    def value(self, obs: Tensor, hidden: LSTMState) -> Tensor: ...
+
+
 N_HEADS = 4
 
 
@@ -59,7 +75,7 @@ class RolloutCollector:
     def __init__(
         self,
         env: MorphogeneticVecEnv,
-        policy: PolicyNetwork,
+        policy: Controller,
         normalizer: RunningObsNormalizer,
         buffer: RolloutBuffer,
         gamma: float,

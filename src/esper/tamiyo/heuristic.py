@@ -1,0 +1,386 @@
+"""A hand-written controller: the baseline a trained policy has to beat.
+
+:class:`HeuristicController` has the acting interface of
+:class:`~esper.tamiyo.policy.PolicyNetwork` (``initial_state``, ``act``, ``value``), so
+the rollout loop (``esper.simic.rollout.RolloutCollector``) drives it unchanged and its
+episodes are scored by the same rewards and telemetry as the policy's. Its rules, in
+priority order, for every env at once:
+
+1. **PRUNE** the first slot whose seed is BLENDING or HOLDING and whose counterfactual
+   contribution is below ``-prune_threshold``: a seed the host is better off without.
+2. **ADVANCE** the first slot where ADVANCE is legal and its last advance was not
+   refused by a gate (or the seed is GERMINATED, whose advance is never gated). Whether
+   an advance *should* pass is the lifecycle gates' job, not the controller's.
+3. **GERMINATE** when the host has plateaued (``val_acc_delta < plateau_delta``) early
+   enough in the episode (``epoch_fraction < max_germinate_fraction``), on the first
+   slot where it is legal, with the most preferred legal blueprint and the configured
+   blend mode.
+4. **ADVANCE** a slot whose last advance was refused (``retry_refused_advance``): the
+   env keeps a slot's refusal flag until an advance passes, and most gates are clocks
+   (minimum epochs in a stage), so without a retry a seed refused once would never move.
+5. **WAIT** otherwise.
+
+Everything runs on the device with ``where``/``gather``/``argmax`` over masked integer
+scores: no host reads, whatever the number of envs. Every action it returns is legal
+under the masks it was given.
+
+**Normalised observations.** The rollout loop hands the policy ``normalizer(raw_obs)``,
+not the raw features. Pass that same ``esper.simic.normalizer.RunningObsNormalizer``
+as ``normalizer`` and the controller decides each comparison ``x < c`` as
+``normalize(x) < normalize(c)``: the threshold is pushed through the normaliser instead
+of the observation being inverted through it. The normaliser is increasing (an affine
+map, then a clip to ``±clip``), so this is sound: it never fires a rule whose raw
+comparison is false. It is exact for the binary features (stage one-hots, the refusal
+flag), which inverting ``x * sqrt(var + eps) + mean`` would not be: a stage the
+normaliser has never seen has variance 0, so a 1 there is clipped to ``clip * sqrt(eps)``
+≈ 0 and would read as "not in that stage". The one loss is the clip's: when the
+threshold itself lies more than ``clip`` standard deviations from a feature's running
+mean, values beyond it on that side are indistinguishable from it and the rule does not
+fire. Without a normaliser, observations are taken as raw.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+from esper.contracts import ActionSchema, BlendMode, LifecycleOp, ObservationLayout, SeedStage
+from esper.tamiyo.action_masks import ActionMasks
+from esper.tamiyo.policy import ActResult, LSTMState
+
+#: ``(layers, hidden)`` of the placeholder recurrent state: the rollout buffer stores an
+#: LSTM-shaped ``(h, c)`` per step, and the heuristic has no state to put in it. Pass this
+#: as ``RolloutBuffer``'s ``lstm_shape``.
+STATE_SHAPE: tuple[int, int] = (1, 1)
+
+#: A binary observation feature (stage one-hot, refusal flag) is set iff it exceeds this.
+#: Zero rather than 0.5 so that the normalised comparison stays exact (module docstring).
+BINARY_THRESHOLD = 0.0
+
+
+class ObservationNormalizer(Protocol):
+    """What the controller needs of ``esper.simic.normalizer.RunningObsNormalizer``.
+
+    A protocol rather than an import, so tamiyo does not depend on simic.
+    """
+
+    n_features: int
+
+    def normalize(self, x: Tensor) -> Tensor:
+        """Map raw ``[..., n_features]`` features into the policy's input space, increasingly."""
+        ...
+
+
+@dataclass(frozen=True)
+class HeuristicConfig:
+    """The thresholds and preferences of :class:`HeuristicController`.
+
+    Accuracies and contributions are fractions (0.01 = one percentage point of
+    validation accuracy), as in the observation.
+    """
+
+    #: Prune a blending/holding seed whose contribution is below minus this: a seed
+    #: costing more than this much validation accuracy is hurting the host.
+    prune_threshold: float = 0.01
+    #: The host has plateaued when its validation accuracy rose by less than this in the
+    #: last epoch: the moment extra capacity is worth planting.
+    plateau_delta: float = 0.005
+    #: Germinate only while ``epoch_fraction`` is below this. With the default
+    #: lifecycle a seed needs about 7 epochs (germinate, 2 training, 3 blending,
+    #: 1 holding) to fossilize, about 0.3 of a 25-epoch episode; a later seed only
+    #: pays parameter rent.
+    max_germinate_fraction: float = 0.7
+    #: Blueprint names, most preferred first; the first legal one in this order is
+    #: planted, else the first legal blueprint in the schema's order.
+    blueprint_preference: tuple[str, ...] = ()
+    #: How a planted seed is blended in; the first legal mode if this one is masked.
+    blend_mode: BlendMode = BlendMode.LINEAR
+    #: Retry a refused ADVANCE when nothing better is to do (rule 4 in the module docs).
+    retry_refused_advance: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("prune_threshold", "plateau_delta", "max_germinate_fraction"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, numbers.Real)
+                or not math.isfinite(value)
+            ):
+                raise ValueError(f"HeuristicConfig.{name} must be a finite number, got {value!r}")
+        if self.prune_threshold < 0:
+            raise ValueError(
+                f"HeuristicConfig.prune_threshold must be >= 0 (seeds are pruned below "
+                f"minus it), got {self.prune_threshold!r}"
+            )
+        if not 0 < self.max_germinate_fraction <= 1:
+            raise ValueError(
+                "HeuristicConfig.max_germinate_fraction must be in (0, 1] (a fraction of "
+                f"the episode), got {self.max_germinate_fraction!r}"
+            )
+        if not isinstance(self.blueprint_preference, tuple) or not all(
+            isinstance(n, str) for n in self.blueprint_preference
+        ):
+            raise ValueError(
+                "HeuristicConfig.blueprint_preference must be a tuple of blueprint names, "
+                f"got {self.blueprint_preference!r}"
+            )
+        if len(set(self.blueprint_preference)) != len(self.blueprint_preference):
+            raise ValueError(
+                f"HeuristicConfig.blueprint_preference has duplicates: {self.blueprint_preference}"
+            )
+        if isinstance(self.blend_mode, bool) or self.blend_mode not in set(BlendMode):
+            raise ValueError(
+                f"HeuristicConfig.blend_mode must be a BlendMode, got {self.blend_mode!r}"
+            )
+        if not isinstance(self.retry_refused_advance, bool):
+            raise ValueError(
+                "HeuristicConfig.retry_refused_advance must be a bool, got "
+                f"{self.retry_refused_advance!r}"
+            )
+
+
+def _first_true(mask: Tensor, scores: Tensor) -> Tensor:
+    """Index of the highest-scoring True entry of ``mask [..., K]``; ``scores [K]`` are > 0.
+
+    An all-False row gives the highest-scoring index overall, so an unused head still
+    gets the preferred choice. No host read.
+    """
+    usable = mask | ~mask.any(-1, keepdim=True)
+    return torch.where(usable, scores, -1).argmax(-1)
+
+
+def _select_row(table: Tensor, index: Tensor) -> Tensor:
+    """Row ``index`` of ``table``: ``[E, R, K]`` and ``[E]`` long → ``[E, K]``."""
+    idx = index[:, None, None].expand(-1, 1, table.shape[-1])
+    return table.gather(1, idx).squeeze(1)
+
+
+def _preference_scores(order: list[int]) -> Tensor:
+    """``[K]`` long scores, highest for ``order[0]``, so ``argmax`` picks by preference."""
+    scores = torch.empty(len(order), dtype=torch.long)
+    for rank, index in enumerate(order):
+        scores[index] = len(order) - rank
+    return scores
+
+
+class HeuristicController(nn.Module):
+    """Rule-based controller with :class:`~esper.tamiyo.policy.PolicyNetwork`'s acting API.
+
+    It has no trainable parameters: ``log_prob``, ``entropy`` and ``value`` are zeros,
+    and the recurrent state (shape :data:`STATE_SHAPE`) is passed through unchanged.
+    ``deterministic``, ``generator`` and ``episode_starts`` are accepted and ignored: the
+    rules are deterministic and stateless.
+
+    Args:
+        layout: where each feature sits in the observation.
+        schema: the action heads; gives the blueprint names and blend modes.
+        config: thresholds and preferences.
+        normalizer: the normaliser the rollout loop applies to observations before
+            :meth:`act`, or None when it is given raw ones (see the module docstring).
+            It is shared, not copied: its statistics at each call are the ones used.
+    """
+
+    state_shape: tuple[int, int] = STATE_SHAPE
+
+    # Column indices and scores, as non-persistent buffers so they follow ``.to(device)``.
+    _thresholds: Tensor
+    _globals: Tensor
+    _contribution: Tensor
+    _gate_refused: Tensor
+    _germinated: Tensor
+    _blending: Tensor
+    _holding: Tensor
+    _slot_scores: Tensor
+    _blueprint_scores: Tensor
+    _blend_scores: Tensor
+
+    def __init__(
+        self,
+        layout: ObservationLayout,
+        schema: ActionSchema,
+        config: HeuristicConfig | None = None,
+        normalizer: ObservationNormalizer | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config = config or HeuristicConfig()
+        self.layout = layout
+        self.schema = schema
+        n_slots, n_blueprints = len(schema.slot_ids), len(schema.blueprint_names)
+        if (layout.n_slots, layout.n_blueprints) != (n_slots, n_blueprints):
+            raise ValueError(
+                f"layout has {layout.n_slots} slots and {layout.n_blueprints} blueprints, "
+                f"schema {n_slots} and {n_blueprints}; build both for the same host"
+            )
+        unknown = [n for n in config.blueprint_preference if n not in schema.blueprint_names]
+        if unknown:
+            raise ValueError(
+                f"HeuristicConfig.blueprint_preference names {unknown}, not in this schema's "
+                f"blueprints {list(schema.blueprint_names)}"
+            )
+        if config.blend_mode not in schema.blend_modes:
+            raise ValueError(
+                f"HeuristicConfig.blend_mode {config.blend_mode!r} is not one of the schema's "
+                f"blend modes {list(schema.blend_modes)}"
+            )
+        if normalizer is not None and normalizer.n_features != layout.dim:
+            raise ValueError(
+                f"normalizer has {normalizer.n_features} features, the layout {layout.dim}"
+            )
+        self.normalizer = normalizer
+
+        def columns(feature: str, offset: int = 0) -> Tensor:
+            starts = [layout[f"slot{s}.{feature}"].start + offset for s in range(n_slots)]
+            return torch.tensor(starts, dtype=torch.long)
+
+        epoch_fraction = layout["epoch_fraction"].start
+        val_acc_delta = layout["val_acc_delta"].start
+        contribution = columns("contribution")
+        gate_refused = columns("gate_refused")
+        stage = {s: columns("stage", int(s)) for s in SeedStage}
+
+        # The threshold of every compared feature, in raw units, at that feature's column.
+        thresholds = torch.zeros(layout.dim)
+        thresholds[epoch_fraction] = config.max_germinate_fraction
+        thresholds[val_acc_delta] = config.plateau_delta
+        thresholds[contribution] = -config.prune_threshold
+        thresholds[gate_refused] = BINARY_THRESHOLD
+        for cols in stage.values():
+            thresholds[cols] = BINARY_THRESHOLD
+
+        preferred = [schema.blueprint_names.index(n) for n in config.blueprint_preference]
+        blueprint_order = preferred + [b for b in range(n_blueprints) if b not in preferred]
+        blend = schema.blend_modes.index(config.blend_mode)
+        blend_order = [blend] + [m for m in range(len(schema.blend_modes)) if m != blend]
+        # First slot first: the highest score goes to slot 0.
+        slot_order = list(range(n_slots))
+
+        buffers = {
+            "_thresholds": thresholds,
+            "_globals": torch.tensor([epoch_fraction, val_acc_delta], dtype=torch.long),
+            "_contribution": contribution,
+            "_gate_refused": gate_refused,
+            "_germinated": stage[SeedStage.GERMINATED],
+            "_blending": stage[SeedStage.BLENDING],
+            "_holding": stage[SeedStage.HOLDING],
+            "_slot_scores": _preference_scores(slot_order),
+            "_blueprint_scores": _preference_scores(blueprint_order),
+            "_blend_scores": _preference_scores(blend_order),
+        }
+        for name, value in buffers.items():
+            self.register_buffer(name, value, persistent=False)
+
+    def initial_state(self, n_envs: int, device: torch.device | str | None = None) -> LSTMState:
+        """Placeholder ``(h, c)``, each ``[1, n_envs, 1]`` zeros, for the rollout buffer."""
+        layers, hidden = self.state_shape
+        shape = (layers, n_envs, hidden)
+        return (torch.zeros(shape, device=device), torch.zeros(shape, device=device))
+
+    @torch.no_grad()
+    def act(
+        self,
+        obs: Tensor,
+        hidden: LSTMState,
+        masks: ActionMasks,
+        deterministic: bool = False,
+        episode_starts: Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> ActResult:
+        """One rule-based action per env: ``obs [E, D]``, masks with batch shape ``[E]``.
+
+        Returns actions ``[E, 4]`` in (op, slot, blueprint, blend) order, legal under
+        ``masks``; zero log-prob, entropy and value; ``hidden`` unchanged. No host reads.
+        """
+        self._check(obs, masks)
+        ops = masks.op
+        reference = self._reference(obs)
+
+        def below(cols: Tensor) -> Tensor:
+            return obs.index_select(-1, cols) < reference.index_select(-1, cols)
+
+        def is_set(cols: Tensor) -> Tensor:
+            # Binary features: exact even when normalised (module docstring).
+            return obs.index_select(-1, cols) > reference.index_select(-1, cols)
+
+        prunable = (
+            below(self._contribution)
+            & (is_set(self._blending) | is_set(self._holding))
+            & masks.slot[:, LifecycleOp.PRUNE]
+            & ops[:, LifecycleOp.PRUNE, None]
+        )
+        can_advance = masks.slot[:, LifecycleOp.ADVANCE] & ops[:, LifecycleOp.ADVANCE, None]
+        advanceable = can_advance & (~is_set(self._gate_refused) | is_set(self._germinated))
+        epoch_early, plateau = below(self._globals).unbind(-1)
+        germinable = (
+            masks.slot[:, LifecycleOp.GERMINATE]
+            & masks.blueprint.any(-1)
+            & ops[:, LifecycleOp.GERMINATE, None]
+            & (plateau & epoch_early)[:, None]
+        )
+
+        rules: list[tuple[LifecycleOp, Tensor]] = [
+            (LifecycleOp.PRUNE, prunable),
+            (LifecycleOp.ADVANCE, advanceable),
+            (LifecycleOp.GERMINATE, germinable),
+        ]
+        if self.config.retry_refused_advance:
+            rules.append((LifecycleOp.ADVANCE, can_advance))
+
+        # Fold from the lowest priority up, so a higher rule that fires overrides.
+        n_envs = obs.shape[0]
+        op = torch.full((n_envs,), int(LifecycleOp.WAIT), dtype=torch.long, device=obs.device)
+        slot = torch.zeros_like(op)
+        for rule_op, candidates in reversed(rules):
+            fires = candidates.any(-1)
+            op = torch.where(fires, int(rule_op), op)
+            slot = torch.where(fires, _first_true(candidates, self._slot_scores), slot)
+
+        blueprint = _first_true(_select_row(masks.blueprint, slot), self._blueprint_scores)
+        blend = _first_true(masks.blend, self._blend_scores)
+        actions = torch.stack((op, slot, blueprint, blend), dim=-1)
+        zeros = obs.new_zeros(n_envs)
+        return ActResult(actions, zeros, zeros.clone(), zeros.clone(), hidden)
+
+    def value(self, obs: Tensor, hidden: LSTMState, episode_starts: Tensor | None = None) -> Tensor:
+        """Zeros ``[E]``: the heuristic has no critic (a truncation bootstraps nothing)."""
+        return obs.new_zeros(obs.shape[0])
+
+    # ---------------------------------------------------------------- internals
+    def _check(self, obs: Tensor, masks: ActionMasks) -> None:
+        """Shape and device checks only (metadata, no host read)."""
+        if obs.device != self._thresholds.device:
+            raise ValueError(
+                f"HeuristicController.act: obs is on {obs.device} but the controller on "
+                f"{self._thresholds.device}; move it with .to(device), as the policy"
+            )
+        if obs.ndim != 2 or obs.shape[-1] != self.layout.dim:
+            raise ValueError(
+                f"HeuristicController.act: obs must be [E, {self.layout.dim}], "
+                f"got {tuple(obs.shape)}"
+            )
+        n_ops, n_slots, n_blueprints, n_blends = (h.size for h in self.schema.heads)
+        n_envs = obs.shape[0]
+        expected = {
+            "op": (n_envs, n_ops),
+            "slot": (n_envs, n_ops, n_slots),
+            "blueprint": (n_envs, n_slots, n_blueprints),
+            "blend": (n_envs, n_blends),
+        }
+        for name, shape in expected.items():
+            actual = tuple(getattr(masks, name).shape)
+            if actual != shape:
+                raise ValueError(
+                    f"HeuristicController.act: masks.{name} must be {shape} for this schema "
+                    f"and {n_envs} envs, got {actual}"
+                )
+
+    def _reference(self, obs: Tensor) -> Tensor:
+        """``[D]`` thresholds in the space ``obs`` lives in (normalised when it is)."""
+        thresholds = self._thresholds.to(dtype=obs.dtype)
+        if self.normalizer is None:
+            return thresholds
+        return self.normalizer.normalize(thresholds)
