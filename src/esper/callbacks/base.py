@@ -1,9 +1,19 @@
 """The rollout hooks Esper adds to Lightning's callback interface.
 
-A callback that subclasses :class:`EsperCallback` gets, besides Lightning's usual hooks,
-one call per env step with a host-side :class:`StepBatch` and one per finished rollout
-with a :class:`RolloutSummary`. Both carry numpy arrays only, so a hook can log or keep
-anything without stalling the device; hooks must not touch device tensors.
+A callback that subclasses :class:`EsperCallback` keeps every Lightning hook and gains
+four more, called by :class:`~esper.simic.module.PPOModule` in this order per
+``training_step`` (= one rollout and its PPO update)::
+
+    on_rollout_start -> on_env_step x (episode_epochs - 1) -> on_rollout_end
+                     -> on_ppo_update_end
+
+Every argument is host-side (numpy arrays, Python numbers): it came over in the step's
+single packed device-to-host transfer. A hook may read, log and keep anything it is given
+without stalling the device; it must not read device tensors of the module, or the
+rollout stops being sync-free (the host-read tests run with the built-in callbacks on).
+
+Plain ``lightning.pytorch.Callback`` objects work beside these; they simply never see
+the rollout hooks.
 """
 
 from __future__ import annotations
@@ -19,12 +29,36 @@ if TYPE_CHECKING:
 
 
 class EsperCallback(Callback):
-    """Base for callbacks that watch the rollout as well as the fit loop."""
+    """Base for callbacks that watch (or, like the governor, steer) the rollout."""
 
-    def on_env_step(self, trainer: Trainer, pl_module: LightningModule, batch: StepBatch) -> None:
-        """Called after every env step, once the step's transition has its reward."""
+    def on_rollout_start(self, trainer: Trainer, pl_module: LightningModule, rollout: int) -> None:
+        """Before the envs are reset for rollout ``rollout`` (0-based; = the PPO update index).
+
+        May change: nothing of the module; a good place to reset per-rollout counters.
+        """
+
+    def on_env_step(self, trainer: Trainer, pl_module: LightningModule, step: StepBatch) -> None:
+        """After each env step, once its transition has a reward.
+
+        Runs right after the read that closed the transition and before the next actions
+        are applied. May change: governor-style callbacks may request per-env snapshots
+        or rollbacks through the module's collector (``pl_module.collector``); they take
+        effect before the next actions are applied. Nothing else.
+        """
 
     def on_rollout_end(
-        self, trainer: Trainer, pl_module: LightningModule, summary: RolloutSummary
+        self, trainer: Trainer, pl_module: LightningModule, rollout: RolloutSummary
     ) -> None:
-        """Called after each rollout is collected, before its PPO update."""
+        """After the rollout is collected and its advantages computed, before the update.
+
+        May change: nothing; the buffer is final.
+        """
+
+    def on_ppo_update_end(
+        self, trainer: Trainer, pl_module: LightningModule, metrics: dict[str, float]
+    ) -> None:
+        """After the PPO update, with the update's and the rollout's metrics as floats.
+
+        ``metrics`` holds what was also logged (``ppo/*``, ``train/*``, ``perf/*``).
+        May change: nothing of the module.
+        """

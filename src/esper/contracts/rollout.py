@@ -11,6 +11,36 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+#: Kinds of :class:`LifecycleEvent`.
+EVENT_KINDS: tuple[str, ...] = (
+    "germinated",  # a seed was planted (blueprint, blend mode)
+    "advanced",  # a seed moved one stage along the success path
+    "fossilized",  # a seed joined the host (also reported as "advanced")
+    "refused",  # a gate refused an ADVANCE; ``reason`` says why
+    "pruned",  # a seed was cut
+    "cooldown",  # the clock moved a slot along PRUNED -> EMBARGOED -> RESETTING -> DORMANT
+    "rollback",  # the governor restored this env from a snapshot; ``reason`` says why
+    "snapshot",  # the governor took a snapshot of this env
+)
+
+
+@dataclass(frozen=True)
+class LifecycleEvent:
+    """Something that happened to one env (and slot) between two reads."""
+
+    kind: str
+    env: int
+    slot: str = ""
+    stage_from: str = ""
+    stage_to: str = ""
+    blueprint: str = ""
+    reason: str = ""
+    host_epoch: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in EVENT_KINDS:
+            raise ValueError(f"LifecycleEvent.kind {self.kind!r} is not one of {EVENT_KINDS}")
+
 
 @dataclass(frozen=True)
 class StepBatch:
@@ -35,6 +65,13 @@ class StepBatch:
         seed_params: ``[E]`` parameters added by seeds after the action.
         legal_ops: ``[E]`` how many ops the mask allowed (a mask statistic).
         done: ``[E]`` bool, the episode ended with this transition.
+        stages: ``[E, S]`` int stage of every slot after the epoch that followed.
+        events: lifecycle and governor events since the previous batch, in order.
+        mask_rates: per head, the fraction of its choices the masks allowed at the decision.
+        probes: named ``[E]`` device-computed signals that rode in the packed transfer
+            (e.g. the governor's ``panic`` code), read at the epoch that followed.
+        active: ``[E]`` bool, the env took this decision; False where the governor had
+            just restored it (no transition was stored for it; its reward is 0 here).
     """
 
     rollout: int
@@ -57,6 +94,11 @@ class StepBatch:
     seed_params: np.ndarray
     legal_ops: np.ndarray
     done: np.ndarray
+    stages: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
+    events: tuple[LifecycleEvent, ...] = ()
+    mask_rates: dict[str, float] = field(default_factory=dict)
+    probes: dict[str, np.ndarray] = field(default_factory=dict)
+    active: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     @property
     def n_envs(self) -> int:
@@ -77,6 +119,8 @@ class RolloutSummary:
         seconds: wall time of the rollout.
         seconds_training_hosts: wall time inside ``run_epoch``.
         host_reads: device-to-host reads the loop made (one per host epoch).
+        rollbacks: ``[E]`` governor rollbacks per env during the rollout.
+        discarded_transitions: ``[E]`` transitions dropped by those rollbacks.
     """
 
     rollout: int
@@ -90,6 +134,8 @@ class RolloutSummary:
     seconds: float
     seconds_training_hosts: float
     host_reads: int
+    rollbacks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    discarded_transitions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     extras: dict[str, float] = field(default_factory=dict)
 
     @property

@@ -76,19 +76,27 @@ class RolloutBuffer:
         self.episode_starts.zero_()
         self.rewards.zero_()
 
-    def _where(self) -> tuple[Tensor | slice, Tensor | int]:
-        """Index pair selecting each env's current cursor; a plain slice when aligned."""
-        first = self.pos[0]
-        if all(p == first for p in self.pos):
-            if first >= self.n_steps:
-                raise IndexError(f"RolloutBuffer is full ({self.n_steps} steps per env)")
-            return slice(None), first
-        if max(self.pos) >= self.n_steps:
-            full = [i for i, p in enumerate(self.pos) if p >= self.n_steps]
+    def _where(
+        self, active: Sequence[bool] | None
+    ) -> tuple[Tensor | slice, Tensor | int, list[int]]:
+        """Index pair selecting each active env's cursor (a plain slice when all are aligned),
+        and the active env indices."""
+        envs = [e for e in range(self.n_envs) if active is None or active[e]]
+        full = [e for e in envs if self.pos[e] >= self.n_steps]
+        if full:
             raise IndexError(f"RolloutBuffer is full for envs {full} ({self.n_steps} steps)")
-        envs = torch.arange(self.n_envs, device=self.device)
-        steps = torch.tensor(self.pos, dtype=torch.long).to(self.device, non_blocking=True)
-        return envs, steps
+        first = self.pos[0]
+        if len(envs) == self.n_envs and all(p == first for p in self.pos):
+            return slice(None), first, envs
+        return (*self._index(envs, [self.pos[e] for e in envs]), envs)
+
+    def _index(self, envs: Sequence[int], steps: Sequence[int]) -> tuple[Tensor, Tensor]:
+        """Long index tensors on the device, uploaded without waiting for the device."""
+        both = torch.tensor([list(envs), list(steps)], dtype=torch.long)
+        if self.device.type == "cuda":
+            both = both.pin_memory()
+        both = both.to(self.device, non_blocking=True)
+        return both[0], both[1]
 
     def add(
         self,
@@ -100,44 +108,62 @@ class RolloutBuffer:
         masks: ActionMasks,
         hidden: LSTMState,
         episode_start: bool,
+        active: Sequence[bool] | None = None,
     ) -> list[int]:
-        """Write one step for every env at its cursor; returns the positions written.
+        """Write one step for every active env at its cursor; returns the positions written
+        (-1 for inactive envs).
 
-        ``hidden`` is the LSTM state the policy acted from, ``[layers, E, H]`` each.
+        ``hidden`` is the LSTM state the policy acted from, ``[layers, E, H]`` each. Inactive
+        envs (just rolled back) write nothing and keep their cursor.
         """
-        envs, steps = self._where()
-        self.obs[envs, steps] = obs
-        self.raw_obs[envs, steps] = raw_obs
-        self.actions[envs, steps] = actions
-        self.log_probs[envs, steps] = log_probs.detach()
-        self.values[envs, steps] = values.detach()
-        self.hidden_h[envs, steps] = hidden[0].transpose(0, 1)
-        self.hidden_c[envs, steps] = hidden[1].transpose(0, 1)
+        envs, steps, rows = self._where(active)
+        pick: Tensor | slice = slice(None)
+        if isinstance(envs, Tensor) and len(rows) < self.n_envs:
+            pick = envs
+
+        def sel(x: Tensor, dim: int = 0) -> Tensor:
+            return x if isinstance(pick, slice) else x.index_select(dim, pick)
+
+        self.obs[envs, steps] = sel(obs)
+        self.raw_obs[envs, steps] = sel(raw_obs)
+        self.actions[envs, steps] = sel(actions)
+        self.log_probs[envs, steps] = sel(log_probs.detach())
+        self.values[envs, steps] = sel(values.detach())
+        self.hidden_h[envs, steps] = sel(hidden[0], 1).transpose(0, 1)
+        self.hidden_c[envs, steps] = sel(hidden[1], 1).transpose(0, 1)
         for name in ("op", "slot", "blueprint", "blend"):
-            getattr(self.masks, name)[envs, steps] = getattr(masks, name)
+            getattr(self.masks, name)[envs, steps] = sel(getattr(masks, name))
         self.valid[envs, steps] = True
         self.terminated[envs, steps] = False
         self.truncated[envs, steps] = False
         self.episode_starts[envs, steps] = episode_start
-        written = list(self.pos)
-        self.pos = [p + 1 for p in self.pos]
+        written = [-1] * self.n_envs
+        for e in rows:
+            written[e] = self.pos[e]
+            self.pos[e] += 1
         return written
 
     def set_rewards(self, positions: Sequence[int], rewards: Tensor, terminated: bool) -> None:
-        """Rewards ``[E]`` (any device) of the transitions written at ``positions``."""
+        """Rewards ``[E]`` (any device) of the transitions written at ``positions``
+        (-1 = that env wrote none)."""
         rewards = rewards.to(self.device, dtype=torch.float32, non_blocking=True)
         first = positions[0]
-        if all(p == first for p in positions):
+        if first >= 0 and all(p == first for p in positions):
             self.rewards[:, first] = rewards
             self.terminated[:, first] = terminated
             return
-        envs = torch.arange(self.n_envs, device=self.device)
-        steps = torch.tensor(list(positions), dtype=torch.long).to(self.device, non_blocking=True)
-        self.rewards[envs, steps] = rewards
+        rows = [e for e, p in enumerate(positions) if p >= 0]
+        if not rows:
+            return
+        envs, steps = self._index(rows, [positions[e] for e in rows])
+        self.rewards[envs, steps] = rewards.index_select(0, envs)
         self.terminated[envs, steps] = terminated
 
-    def invalidate(self, env: int, from_step: int) -> None:
-        """Drop ``env``'s transitions from ``from_step`` on; its later steps overwrite them."""
+    def invalidate(self, env: int, from_step: int) -> int:
+        """Drop ``env``'s transitions from ``from_step`` on; its later steps overwrite them.
+
+        Returns how many transitions were dropped.
+        """
         if not 0 <= env < self.n_envs:
             raise IndexError(f"env {env} out of range for {self.n_envs} envs")
         if not 0 <= from_step <= self.pos[env]:
@@ -147,7 +173,9 @@ class RolloutBuffer:
         self.valid[env, from_step:] = False
         self.terminated[env, from_step:] = False
         self.truncated[env, from_step:] = False
+        dropped = self.pos[env] - from_step
         self.pos[env] = from_step
+        return dropped
 
     def hidden_at(self, env: int, step: int) -> LSTMState:
         """The LSTM state ``env`` acted from at ``step``, ``[layers, H]`` each."""
@@ -164,10 +192,7 @@ class RolloutBuffer:
         if any(p == 0 for p in self.pos):
             empty = [i for i, p in enumerate(self.pos) if p == 0]
             raise ValueError(f"envs {empty} have no transitions in this rollout")
-        envs = torch.arange(self.n_envs, device=self.device)
-        last = torch.tensor([p - 1 for p in self.pos], dtype=torch.long).to(
-            self.device, non_blocking=True
-        )
+        envs, last = self._index(range(self.n_envs), [p - 1 for p in self.pos])
         self.truncated[envs, last] = ~self.terminated[envs, last]
         next_values = torch.zeros_like(self.values)
         next_values[:, :-1] = self.values[:, 1:]

@@ -17,6 +17,8 @@ import torch
 from torch import Tensor
 
 from esper.contracts import ActionSchema, BlendMode, LifecycleOp, ObservationLayout, SeedStage
+from esper.contracts.rollout import LifecycleEvent
+from esper.contracts.stages import COOLDOWN_PATH
 from esper.kasmina import BLUEPRINTS, HOSTS, GrowingHost, HostModel, LifecycleConfig, OptimConfig
 from esper.kasmina.lifecycle import GateSignals
 from esper.simic.rewards import REWARDS, RewardConfig, RewardFn, RewardInputs
@@ -25,6 +27,9 @@ from esper.tamiyo.features import EnvState, ObservationBuilder, SlotState
 from esper.tamiyo.masks import MaskBuilder
 from esper.tolaria.data.base import HostDataModule
 from esper.tolaria.epoch import EpochResult, run_epoch
+
+#: Seed-initialisation generator keys are taken modulo this (torch seeds are 64-bit).
+SEED_KEY_MODULUS = 2**63
 
 #: Stages whose seed's counterfactual contribution earns reward.
 CONTRIBUTING_STAGES: tuple[SeedStage, ...] = (SeedStage.BLENDING, SeedStage.HOLDING)
@@ -155,6 +160,8 @@ class MorphogeneticVecEnv:
         self._best_val_acc = torch.zeros(config.n_envs, device=self.device)
         self._refused = np.zeros((config.n_envs, len(self.slot_ids)), dtype=bool)
         self._mask_arrays: dict[str, np.ndarray] = {}
+        self._events: list[LifecycleEvent] = []
+        self.episode_seed = 0
 
     # ------------------------------------------------------------------ queries
     @property
@@ -186,8 +193,13 @@ class MorphogeneticVecEnv:
         return np.isin(stages, [int(s) for s in CONTRIBUTING_STAGES])
 
     # ----------------------------------------------------------------- episode
-    def reset(self) -> None:
-        """Fresh hosts, then the episode's first epoch."""
+    def reset(self, episode_seed: int = 0) -> None:
+        """Fresh hosts, then the episode's first epoch.
+
+        ``episode_seed`` keys the per-env generators seeds are initialised from.
+        """
+        self.episode_seed = episode_seed
+        self._events = []
         self.hosts = [
             GrowingHost(build_host(self.config, self.datamodule).to(self.device), self.config.optim)
             for _ in range(self.n_envs)
@@ -209,8 +221,10 @@ class MorphogeneticVecEnv:
         self._best_val_acc = torch.maximum(self._best_val_acc, result.val_acc)
         self.result = result
         self.host_epoch += 1
-        for host in self.hosts:
-            host.end_epoch()
+        for e, host in enumerate(self.hosts):
+            for slot_id, stage in host.end_epoch().items():
+                before = COOLDOWN_PATH[COOLDOWN_PATH.index(stage) - 1]
+                self._event("cooldown", e, slot_id, before, stage)
         return result
 
     def observe(self) -> tuple[Tensor, ActionMasks]:
@@ -279,13 +293,21 @@ class MorphogeneticVecEnv:
         return slice(first, first + self.n_slots)
 
     # ------------------------------------------------------------------ actions
-    def apply(self, actions: np.ndarray, metrics: np.ndarray) -> StepOutcome:
-        """Apply host-side ``actions [E, 4]`` using gate signals from ``metrics [E, K]``."""
+    def apply(
+        self, actions: np.ndarray, metrics: np.ndarray, active: np.ndarray | None = None
+    ) -> StepOutcome:
+        """Apply host-side ``actions [E, 4]`` using gate signals from ``metrics [E, K]``.
+
+        Envs where ``active`` is False (just rolled back by the governor) are skipped: their
+        action was chosen from a state that no longer exists.
+        """
         n = self.n_envs
         out = {k: np.zeros(n, dtype=bool) for k in StepOutcome.__dataclass_fields__}
         contribution = metrics[:, self.slot_columns("contribution")]
         grads_finite = metrics[:, self.slot_columns("grads_finite")] > 0.5
         for e, host in enumerate(self.hosts):
+            if active is not None and not active[e]:
+                continue
             op, s, bp, blend = (int(a) for a in actions[e])
             if not self.masks.is_legal(self._mask_arrays, e, actions[e]):
                 out["illegal"][e] = True
@@ -293,12 +315,18 @@ class MorphogeneticVecEnv:
             if op == LifecycleOp.WAIT:
                 continue
             slot_id = self.slot_ids[s]
+            slot = host.model.slot(slot_id)
+            before = slot.stage
             if op == LifecycleOp.GERMINATE:
-                host.germinate(
-                    slot_id, self.blueprint_names[bp], BlendMode(self.blend_modes[blend])
-                )
+                name = self.blueprint_names[bp]
+                # A generator per (env, epoch, slot): one env's choices never shift the
+                # random numbers another env's seeds are initialised with.
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(self._seed_rng_key(e, s))
+                    host.germinate(slot_id, name, BlendMode(self.blend_modes[blend]))
                 out["germinated"][e] = out["applied"][e] = True
                 self._refused[e, s] = False
+                self._event("germinated", e, slot_id, before, slot.stage, blueprint=name)
             elif op == LifecycleOp.ADVANCE:
                 signals = GateSignals(
                     grads_finite=bool(grads_finite[e, s]),
@@ -308,14 +336,63 @@ class MorphogeneticVecEnv:
                 self._refused[e, s] = not result.passed
                 out["refused"][e] = not result.passed
                 out["applied"][e] = result.passed
-                out["fossilized"][e] = result.passed and (
-                    host.model.slot(slot_id).stage is SeedStage.FOSSILIZED
-                )
+                out["fossilized"][e] = result.passed and slot.stage is SeedStage.FOSSILIZED
+                if result.passed:
+                    self._event("advanced", e, slot_id, before, slot.stage)
+                    if out["fossilized"][e]:
+                        self._event("fossilized", e, slot_id, before, slot.stage)
+                else:
+                    self._event("refused", e, slot_id, before, before, reason=result.reason)
             elif op == LifecycleOp.PRUNE:
+                blueprint = slot.lifecycle.blueprint or ""
                 host.prune(slot_id)
                 out["pruned"][e] = out["applied"][e] = True
                 self._refused[e, s] = False
+                self._event("pruned", e, slot_id, before, slot.stage, blueprint=blueprint)
         return StepOutcome(**out)
+
+    def _seed_rng_key(self, env: int, slot: int) -> int:
+        return hash((self.episode_seed, env, self.host_epoch, slot)) % SEED_KEY_MODULUS
+
+    def _event(
+        self,
+        kind: str,
+        env: int,
+        slot_id: str,
+        stage_from: SeedStage,
+        stage_to: SeedStage,
+        blueprint: str = "",
+        reason: str = "",
+    ) -> None:
+        slot = self.hosts[env].model.slot(slot_id)
+        self._events.append(
+            LifecycleEvent(
+                kind=kind,
+                env=env,
+                slot=slot_id,
+                stage_from=stage_from.name,
+                stage_to=stage_to.name,
+                blueprint=blueprint or (slot.lifecycle.blueprint or ""),
+                reason=reason,
+                host_epoch=self.host_epoch,
+            )
+        )
+
+    def record(self, event: LifecycleEvent) -> None:
+        """Add an event raised outside the env (the governor's), in order."""
+        self._events.append(event)
+
+    def drain_events(self) -> tuple[LifecycleEvent, ...]:
+        """The events since the last call, oldest first."""
+        events, self._events = tuple(self._events), []
+        return events
+
+    def mask_rates(self) -> dict[str, float]:
+        """Per head, the fraction of its choices the current masks allow (host-side)."""
+        return {name: float(m.mean()) for name, m in self._mask_arrays.items()}
+
+    def forget_refusals(self, env: int) -> None:
+        self._refused[env] = False
 
     # ------------------------------------------------------------------ rewards
     def rewards(

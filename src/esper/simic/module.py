@@ -28,6 +28,11 @@ from esper.simic.rollout import RolloutCollector, read_packed
 from esper.tamiyo.policy import PolicyConfig, PolicyNetwork
 from esper.tolaria.data.base import HostDataModule
 
+#: Shown on Lightning's progress bar, one update per tick.
+PROGRESS_BAR_METRICS: frozenset[str] = frozenset(
+    {"perf/env_steps_per_s", "train/episode_return", "train/host_val_acc"}
+)
+
 #: Checkpoint key holding what is needed to rebuild the policy before its weights load.
 SPEC_KEY = "esper_policy_spec"
 
@@ -159,11 +164,25 @@ class PPOModule(LightningModule):
         metrics.update(self._rollout_metrics(summary))
         self.last_metrics = metrics
         for name, value in metrics.items():
-            self.log(name, value, on_step=False, on_epoch=True, batch_size=1)
+            self.log(
+                name,
+                value,
+                on_step=False,
+                on_epoch=True,
+                batch_size=1,
+                prog_bar=name in PROGRESS_BAR_METRICS,
+            )
+        for cb in self._esper_callbacks():
+            cb.on_ppo_update_end(self.trainer, self, dict(metrics))
+
+    def _esper_callbacks(self) -> list[EsperCallback]:
+        return [cb for cb in self.trainer.callbacks if isinstance(cb, EsperCallback)]
 
     def _collect(self) -> RolloutSummary:
         assert self.collector is not None
-        hooks = [cb for cb in self.trainer.callbacks if isinstance(cb, EsperCallback)]
+        hooks = self._esper_callbacks()
+        for cb in hooks:
+            cb.on_rollout_start(self.trainer, self, self.current_epoch)
 
         def on_step(batch: StepBatch) -> None:
             for cb in hooks:
@@ -197,6 +216,8 @@ class PPOModule(LightningModule):
             "perf/host_reads_per_step": summary.host_reads
             / (summary.env_steps / len(summary.episode_return) + 1),
             "perf/fraction_outside_host_training": outside,
+            "governor/rollbacks": float(summary.rollbacks.sum()),
+            "governor/discarded_transitions": float(summary.discarded_transitions.sum()),
         }
 
     # --------------------------------------------------------------- checkpoints

@@ -1,0 +1,104 @@
+"""The governor's panic signal, computed on the device from each epoch's losses.
+
+An env panics when its training loss is not finite, or when it rises more than ``k``
+standard deviations above that env's recent history. The test runs on the device for all
+envs at once; its ``[E]`` result rides in the step's packed transfer, so the governor
+decides on host values without an extra read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from esper.tolaria.epoch import EpochResult
+
+#: Codes of the detector's ``[E]`` signal.
+PANIC_NONE = 0.0
+PANIC_SPIKE = 1.0
+PANIC_NONFINITE = 2.0
+
+
+@dataclass(frozen=True)
+class PanicConfig:
+    """When a loss counts as a panic.
+
+    ``sigma``: how many standard deviations above the recent mean; ``window``: how many
+    past epochs form the history; ``min_history``: epochs needed before the sigma test
+    applies (a fresh host's first losses fall fast and say nothing about stability);
+    ``min_std``: floor on the deviation, so a flat history does not flag noise.
+    """
+
+    sigma: float = 4.0
+    window: int = 8
+    min_history: int = 3
+    min_std: float = 1e-3
+
+    def __post_init__(self) -> None:
+        if not self.sigma > 0:
+            raise ValueError(f"PanicConfig.sigma must be > 0, got {self.sigma!r}")
+        if not isinstance(self.window, int) or self.window < 2:
+            raise ValueError(f"PanicConfig.window must be an int >= 2, got {self.window!r}")
+        if not isinstance(self.min_history, int) or not 2 <= self.min_history <= self.window:
+            raise ValueError(
+                f"PanicConfig.min_history must be an int in [2, window={self.window}], "
+                f"got {self.min_history!r}"
+            )
+        if not self.min_std > 0:
+            raise ValueError(f"PanicConfig.min_std must be > 0, got {self.min_std!r}")
+
+
+class PanicDetector:
+    """Per-env ring buffers of recent training losses, on the device."""
+
+    def __init__(self, config: PanicConfig, n_envs: int, device: torch.device | str) -> None:
+        self.config = config
+        self.device = torch.device(device)
+        self.history = torch.zeros(n_envs, config.window, device=self.device)
+        self.count = torch.zeros(n_envs, dtype=torch.long, device=self.device)
+        #: Per env, the ring position the next kept loss goes to.
+        self.head = torch.zeros(n_envs, dtype=torch.long, device=self.device)
+
+    def reset(self) -> None:
+        self.history.zero_()
+        self.count.zero_()
+        self.head.zero_()
+
+    def forget(self, env: int) -> None:
+        """Clear one env's history (after it was restored to an older state)."""
+        self.history[env].zero_()
+        self.count[env].zero_()
+        self.head[env].zero_()
+
+    def __call__(self, result: EpochResult) -> Tensor:
+        """``[E]`` panic code of this epoch (see ``PANIC_*``); updates the history."""
+        cfg = self.config
+        loss = result.train_loss
+        filled = self.count.clamp(max=cfg.window)  # [E]
+        slots = torch.arange(cfg.window, device=self.device)
+        # Ring positions hold data where their age is below the env's count.
+        age = (self.head[:, None] - 1 - slots[None, :]) % cfg.window  # [E, W]
+        held = (age < filled[:, None]).float()
+        n = held.sum(dim=1).clamp(min=1)
+        mean = (self.history * held).sum(dim=1) / n
+        var = (((self.history - mean[:, None]) ** 2) * held).sum(dim=1) / n
+        std = var.sqrt().clamp(min=cfg.min_std)
+        spike = (filled >= cfg.min_history) & (loss > mean + cfg.sigma * std)
+        finite = result.loss_finite & torch.isfinite(loss)
+        panic = ~finite | spike
+        # Only calm, finite losses enter the history.
+        keep = ~panic
+        at = self.head[:, None]
+        old = self.history.gather(1, at).squeeze(1)
+        self.history.scatter_(1, at, torch.where(keep, loss, old)[:, None])
+        self.count += keep.long()
+        self.head = (self.head + keep.long()) % cfg.window
+        return torch.where(
+            ~finite,
+            torch.full_like(loss, PANIC_NONFINITE),
+            torch.where(
+                spike, torch.full_like(loss, PANIC_SPIKE), torch.full_like(loss, PANIC_NONE)
+            ),
+        )

@@ -1,0 +1,134 @@
+"""The governor restores only the env that panicked and keeps every other env's data."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from esper.callbacks.governor import PROBE, GovernorCallback
+from esper.contracts.rollout import StepBatch
+from esper.simic.ppo import PPOConfig, make_optimizer, ppo_update
+from esper.simic.rollout import RolloutCollector
+from tests.simic.envs import collector, small_env
+
+N_ENVS = 4
+EPISODE_EPOCHS = 8
+FAULTY_ENV = 1
+#: The fault is planted when the transition of this step closes; the next epoch's loss
+#: is then non-finite, and the governor sees it one step later.
+FAULT_STEP = 4
+SNAPSHOT_EVERY = 3
+
+BUFFER_FIELDS = (
+    "obs",
+    "raw_obs",
+    "actions",
+    "log_probs",
+    "values",
+    "rewards",
+    "valid",
+    "terminated",
+    "hidden_h",
+    "hidden_c",
+)
+
+
+def _run(fault: bool) -> tuple[RolloutCollector, GovernorCallback, list[StepBatch]]:
+    col = collector(small_env(N_ENVS, EPISODE_EPOCHS), seed=0)
+    governor = GovernorCallback(snapshot_every=SNAPSHOT_EVERY)
+    module = SimpleNamespace(collector=col)
+    governor.on_train_start(None, module)  # type: ignore[arg-type]
+    governor.on_rollout_start(None, module, 0)  # type: ignore[arg-type]
+    steps: list[StepBatch] = []
+
+    def on_step(step: StepBatch) -> None:
+        steps.append(step)
+        governor.on_env_step(None, module, step)  # type: ignore[arg-type]
+        if fault and step.step == FAULT_STEP - 1:
+            with torch.no_grad():
+                col.env.hosts[FAULTY_ENV].model.head.weight.fill_(float("nan"))
+
+    batch, summary = col.collect(0, on_step=on_step)
+    governor.on_rollout_end(None, module, summary)  # type: ignore[arg-type]
+    col.last_batch = batch  # type: ignore[attr-defined]
+    col.last_summary = summary  # type: ignore[attr-defined]
+    return col, governor, steps
+
+
+@pytest.fixture(scope="module")
+def runs() -> tuple[tuple, tuple]:
+    return _run(fault=False), _run(fault=True)
+
+
+def test_only_the_faulty_env_is_rolled_back(runs: tuple[tuple, tuple]) -> None:
+    (_, clean_gov, _), (faulty, gov, steps) = runs
+    assert clean_gov.total_rollbacks == 0
+    assert faulty.last_summary.rollbacks.tolist() == [0, 1, 0, 0]
+    panics = [s for s in steps if s.probes[PROBE][FAULTY_ENV] > 0]
+    assert panics and all(s.probes[PROBE][[0, 2, 3]].sum() == 0 for s in steps)
+    rollbacks = [e for s in steps for e in s.events if e.kind == "rollback"]
+    assert [e.env for e in rollbacks] == [FAULTY_ENV]
+    assert "non-finite" in rollbacks[0].reason
+    assert gov.total_rollbacks == 1
+
+
+def test_other_envs_buffers_are_bit_identical_to_a_run_without_the_fault(
+    runs: tuple[tuple, tuple],
+) -> None:
+    (clean, _, _), (faulty, _, _) = runs
+    for name in BUFFER_FIELDS:
+        a, b = getattr(clean.buffer, name), getattr(faulty.buffer, name)
+        for env in range(N_ENVS):
+            if env != FAULTY_ENV:
+                assert torch.equal(a[env], b[env]), f"{name} differs for env {env}"
+    for name in ("op", "slot", "blueprint", "blend"):
+        a, b = getattr(clean.buffer.masks, name), getattr(faulty.buffer.masks, name)
+        assert torch.equal(a[[0, 2, 3]], b[[0, 2, 3]])
+
+
+def test_only_the_faulty_envs_transitions_after_its_snapshot_are_dropped(
+    runs: tuple[tuple, tuple],
+) -> None:
+    (clean, _, _), (faulty, _, _) = runs
+    snapshot_pos = SNAPSHOT_EVERY - 1  # the routine snapshot before the fault
+    dropped = int(faulty.last_summary.discarded_transitions[FAULTY_ENV])
+    assert dropped == FAULT_STEP + 1 - snapshot_pos
+    kept = slice(0, snapshot_pos)
+    for name in ("obs", "actions", "rewards", "log_probs"):
+        assert torch.equal(
+            getattr(clean.buffer, name)[FAULTY_ENV, kept],
+            getattr(faulty.buffer, name)[FAULTY_ENV, kept],
+        )
+    # The env kept stepping after its restore, on the restored host: its loss is finite.
+    valid = faulty.buffer.valid[FAULTY_ENV]
+    n_valid = int(valid.sum())
+    assert n_valid == EPISODE_EPOCHS - 1 - dropped - 1  # minus the step it sat out
+    assert valid[:n_valid].all() and not valid[n_valid:].any()
+    assert torch.isfinite(faulty.buffer.obs[FAULTY_ENV, :n_valid]).all()
+    assert faulty.buffer.terminated[FAULTY_ENV, n_valid - 1]
+
+
+def test_the_rollback_penalty_is_charged_to_the_restored_env(runs: tuple[tuple, tuple]) -> None:
+    (_, _, _), (_, _, steps) = runs
+    charged = [s.reward_components["rollback"] for s in steps]
+    total = np.sum(charged, axis=0)
+    assert total[FAULTY_ENV] < 0
+    assert (total[[0, 2, 3]] == 0).all()
+
+
+def test_training_goes_on_after_a_rollback(runs: tuple[tuple, tuple]) -> None:
+    (_, _, _), (faulty, _, _) = runs
+    config = PPOConfig(n_minibatches=2, update_epochs=1)
+    policy = faulty.policy
+    stats = ppo_update(policy, make_optimizer(policy, config), faulty.last_batch, config)
+    assert all(torch.isfinite(v) for v in stats.values())
+    _, summary = faulty.collect(1)
+    assert np.isfinite(summary.episode_return).all()
+
+
+def test_bad_snapshot_interval_is_refused() -> None:
+    with pytest.raises(ValueError, match="snapshot_every"):
+        GovernorCallback(snapshot_every=0)
