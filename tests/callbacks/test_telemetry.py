@@ -1,0 +1,380 @@
+"""TelemetryCallback: JSONL events per profile, TensorBoard summaries, state, host reads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import (
+    HISTOGRAMS,
+    SCALARS,
+    EventAccumulator,
+)
+
+from esper.callbacks import CALLBACKS, TelemetryCallback
+from esper.callbacks.telemetry import PROFILES
+from esper.contracts.rollout import LifecycleEvent, RolloutSummary, StepBatch
+from esper.contracts.stages import SeedStage
+from esper.host_reads import HostReadCounter
+
+N_ENVS, N_SLOTS, STEPS = 2, 2, 3
+
+
+def make_step(rollout: int, step: int, events: tuple[LifecycleEvent, ...] = ()) -> StepBatch:
+    e = N_ENVS
+    stages = np.full((e, N_SLOTS), int(SeedStage.DORMANT), dtype=np.int64)
+    stages[0, 0] = int(SeedStage.TRAINING)
+    return StepBatch(
+        rollout=rollout,
+        step=step,
+        host_epoch=step + 1,
+        actions=np.array([[1, 0, 2, 1], [0, 1, 0, 0]], dtype=np.int64),
+        log_probs=np.full(e, -1.5),
+        values=np.zeros(e),
+        applied=np.array([True, False]),
+        refused=np.array([False, step == 1]),
+        illegal=np.zeros(e, dtype=bool),
+        rewards=np.array([0.5, -0.25]),
+        reward_components={"acc_delta": np.array([0.4, -0.2]), "rent": np.float32([0.1, -0.05])},
+        train_loss=np.ones(e),
+        val_loss=np.ones(e),
+        val_acc=np.array([0.5, 0.6]),
+        next_val_acc=np.array([0.55, 0.6]),
+        loss_finite=np.ones(e, dtype=bool),
+        contribution=np.zeros((e, N_SLOTS)),
+        seed_params=np.array([100, 0], dtype=np.int64),
+        legal_ops=np.array([3, 2], dtype=np.int64),
+        done=np.full(e, step == STEPS - 1),
+        stages=stages,
+        events=events,
+        mask_rates={"op": 0.75, "slot": 0.5, "blueprint": 1.0, "blend": 1.0},
+    )
+
+
+def make_summary(rollout: int) -> RolloutSummary:
+    return RolloutSummary(
+        rollout=rollout,
+        episode_return=np.array([1.5, np.float64("nan")]),
+        final_val_acc=np.float32([0.7, 0.65]),
+        seeds_germinated=np.array([1, 0], dtype=np.int64),
+        seeds_fossilized=np.array([0, 0], dtype=np.int64),
+        seeds_pruned=np.array([0, 1], dtype=np.int64),
+        params_added=np.array([100, 0], dtype=np.int64),
+        env_steps=N_ENVS * STEPS,
+        seconds=1.0,
+        seconds_training_hosts=0.8,
+        host_reads=STEPS + 1,
+        rollbacks=np.array([0, 1], dtype=np.int64),
+        discarded_transitions=np.array([0, 2], dtype=np.int64),
+    )
+
+
+EVENTS_BY_STEP: dict[int, tuple[LifecycleEvent, ...]] = {
+    0: (
+        LifecycleEvent("germinated", env=0, slot="s0", stage_to="GERMINATED", blueprint="conv"),
+        LifecycleEvent("snapshot", env=1),
+    ),
+    1: (
+        LifecycleEvent(
+            "refused", env=1, slot="s1", stage_from="HOLDING", reason="contribution below 0.01"
+        ),
+        LifecycleEvent("advanced", env=0, slot="s0", stage_from="GERMINATED", stage_to="TRAINING"),
+        LifecycleEvent("pruned", env=1, slot="s1", stage_to="PRUNED", blueprint="lora"),
+    ),
+    2: (
+        LifecycleEvent("cooldown", env=1, slot="s1", stage_from="PRUNED", stage_to="EMBARGOED"),
+        LifecycleEvent("rollback", env=1, reason="loss not finite"),
+    ),
+}
+
+
+def make_trainer(tmp_path: Path, callback: TelemetryCallback, logger: object = None) -> Trainer:
+    return Trainer(
+        default_root_dir=tmp_path,
+        logger=logger if logger is not None else TensorBoardLogger(tmp_path),
+        callbacks=[callback],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+
+
+def drive(
+    trainer: Trainer, callback: TelemetryCallback, rollouts: int = 1, start: int = 0
+) -> LightningModule:
+    """One fit's worth of hooks: setup, per rollout start/steps/end/update, teardown."""
+    module = LightningModule()
+    callback.setup(trainer, module, "fit")
+    callback.on_fit_start(trainer, module)
+    for r in range(start, start + rollouts):
+        callback.on_rollout_start(trainer, module, r)
+        for t in range(STEPS):
+            callback.on_env_step(trainer, module, make_step(r, t, EVENTS_BY_STEP[t]))
+        callback.on_rollout_end(trainer, module, make_summary(r))
+        callback.on_ppo_update_end(trainer, module, {"ppo/loss": np.float32(0.5), "ppo/kl": 0.01})
+    callback.on_fit_end(trainer, module)
+    callback.teardown(trainer, module, "fit")
+    trainer.logger.experiment.flush()  # type: ignore[union-attr]
+    return module
+
+
+def read_events(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def tb(trainer: Trainer) -> EventAccumulator:
+    acc = EventAccumulator(trainer.log_dir, size_guidance={SCALARS: 0, HISTOGRAMS: 0})
+    acc.Reload()
+    return acc
+
+
+def test_normal_profile_writes_every_event_kind(tmp_path: Path) -> None:
+    callback = TelemetryCallback()
+    trainer = make_trainer(tmp_path, callback)
+    drive(trainer, callback)
+    assert callback.events_path == Path(trainer.log_dir) / "events.jsonl"
+    events = read_events(callback.events_path)
+    kinds = [e["kind"] for e in events]
+    assert kinds == [
+        "germinated",
+        "snapshot",
+        "refused",
+        "advanced",
+        "pruned",
+        "cooldown",
+        "rollback",
+        "episode_end",
+        "episode_end",
+        "ppo_update",
+    ]
+    for event in events:
+        assert event["rollout"] == 0 and isinstance(event["host_epoch"], int)
+        assert isinstance(event["time"], float)
+    refused = events[2]
+    assert refused["reason"] == "contribution below 0.01"
+    assert (refused["env"], refused["slot"], refused["step"]) == (1, "s1", 1)
+    assert events[0]["blueprint"] == "conv"
+    assert events[6]["reason"] == "loss not finite"
+    first_end, second_end = events[7], events[8]
+    assert first_end["env"] == 0 and first_end["episode_return"] == 1.5
+    assert first_end["final_val_acc"] == pytest.approx(0.7)
+    assert first_end["params_added"] == 100 and first_end["host_epoch"] == STEPS + 1
+    assert second_end["episode_return"] is None  # NaN is written as null
+    assert second_end["rollbacks"] == 1 and second_end["discarded_transitions"] == 2
+    assert events[9]["metrics"] == {"ppo/loss": 0.5, "ppo/kl": 0.01}
+    assert callback.events_written == len(events)
+
+
+def test_minimal_profile_keeps_only_key_events_and_no_tensorboard(tmp_path: Path) -> None:
+    callback = TelemetryCallback(profile="minimal")
+    trainer = make_trainer(tmp_path, callback)
+    drive(trainer, callback, rollouts=2)
+    kinds = [e["kind"] for e in read_events(callback.events_path)]  # type: ignore[arg-type]
+    assert set(kinds) == {"germinated", "pruned", "rollback", "episode_end", "ppo_update"}
+    assert kinds.count("ppo_update") == 2 and kinds.count("episode_end") == 2 * N_ENVS
+    tags = tb(trainer).Tags()
+    assert tags["scalars"] == [] and tags["histograms"] == []
+    # Cumulative per-blueprint counts are kept even without TensorBoard.
+    assert callback.blueprint_counts == {"conv": {"germinated": 2}, "lora": {"pruned": 2}}
+
+
+def test_normal_profile_writes_tensorboard_summaries_per_rollout(tmp_path: Path) -> None:
+    callback = TelemetryCallback()
+    trainer = make_trainer(tmp_path, callback)
+    drive(trainer, callback, rollouts=2)
+    acc = tb(trainer)
+    scalars = set(acc.Tags()["scalars"])
+    expected = {
+        "reward/acc_delta",
+        "reward/rent",
+        "reward/total",
+        "stages/TRAINING",
+        "stages/DORMANT",
+        "blueprints/conv/germinated",
+        "blueprints/conv/germinated_total",
+        "blueprints/lora/pruned",
+        "masks/op",
+        "masks/slot",
+        "host/val_acc/env0",
+        "host/val_acc/env1",
+        "actions/op_rate/GERMINATE",
+        "lifecycle/refused",
+        "lifecycle/rollbacks",
+        "lifecycle/discarded_transitions",
+    }
+    assert expected <= scalars
+    assert not any(tag.startswith("debug/") for tag in scalars)
+    assert set(acc.Tags()["histograms"]) == {
+        f"actions/{h}" for h in ("op", "slot", "blueprint", "blend")
+    }
+
+    def values(tag: str) -> list[tuple[int, float]]:
+        return [(s.step, s.value) for s in acc.Scalars(tag)]
+
+    # Per-step mean over envs, summed over the episode: (0.4 - 0.2) / 2 * 3 steps.
+    assert values("reward/acc_delta") == [(0, pytest.approx(0.3)), (1, pytest.approx(0.3))]
+    assert values("stages/TRAINING") == [(0, 1.0), (1, 1.0)]
+    assert values("stages/DORMANT") == [(0, 3.0), (1, 3.0)]
+    assert values("blueprints/conv/germinated") == [(0, 1.0), (1, 1.0)]
+    assert values("blueprints/conv/germinated_total") == [(0, 1.0), (1, 2.0)]
+    assert values("masks/op") == [(0, 0.75), (1, 0.75)]
+    assert values("lifecycle/refused") == [(0, 1.0), (1, 1.0)]
+    assert values("lifecycle/discarded_transitions") == [(0, 2.0), (1, 2.0)]
+    assert values("actions/op_rate/WAIT") == [(0, 0.5), (1, 0.5)]
+    op_histogram = acc.Histograms("actions/op")[0].histogram_value
+    assert op_histogram.num == N_ENVS * STEPS and op_histogram.min == 0 and op_histogram.max == 1
+
+
+def test_histogram_every_skips_rollouts(tmp_path: Path) -> None:
+    callback = TelemetryCallback(histogram_every=2)
+    trainer = make_trainer(tmp_path, callback)
+    drive(trainer, callback, rollouts=3)
+    steps = [h.step for h in tb(trainer).Histograms("actions/op")]
+    assert steps == [0, 2]
+
+
+def test_debug_profile_writes_per_step_scalars(tmp_path: Path) -> None:
+    callback = TelemetryCallback(profile="debug")
+    trainer = make_trainer(tmp_path, callback)
+    drive(trainer, callback, rollouts=2)
+    acc = tb(trainer)
+    steps = [s.step for s in acc.Scalars("debug/reward_step")]
+    # Rollout 0 teaches the callback T = 3 decisions per rollout.
+    assert steps == [0, 1, 2, 3, 4, 5]
+    assert acc.Scalars("debug/reward_step")[0].value == pytest.approx(0.125)
+    assert acc.Scalars("debug/val_acc_step")[0].value == pytest.approx(0.55)
+    assert "reward/total" in acc.Tags()["scalars"]
+
+
+def test_debug_profile_flushes_every_step(tmp_path: Path) -> None:
+    callback = TelemetryCallback(profile="debug")
+    trainer = make_trainer(tmp_path, callback)
+    module = LightningModule()
+    callback.setup(trainer, module, "fit")
+    callback.on_env_step(trainer, module, make_step(0, 0, EVENTS_BY_STEP[0]))
+    assert callback.events_path is not None
+    assert len(read_events(callback.events_path)) == 2  # readable before any rollout end
+    callback.teardown(trainer, module, "fit")
+
+
+def test_other_loggers_get_jsonl_only(tmp_path: Path) -> None:
+    callback = TelemetryCallback()
+    trainer = make_trainer(tmp_path, callback, logger=CSVLogger(tmp_path))
+    module = LightningModule()
+    callback.setup(trainer, module, "fit")
+    for t in range(STEPS):
+        callback.on_env_step(trainer, module, make_step(0, t, EVENTS_BY_STEP[t]))
+    callback.on_rollout_end(trainer, module, make_summary(0))
+    callback.teardown(trainer, module, "fit")
+    assert Path(trainer.log_dir, "events.jsonl").exists()
+
+
+def test_no_logger_writes_into_default_root_dir(tmp_path: Path) -> None:
+    callback = TelemetryCallback(events_file="telemetry/ev.jsonl")
+    trainer = Trainer(default_root_dir=tmp_path, logger=False, callbacks=[callback])
+    module = LightningModule()
+    callback.setup(trainer, module, "fit")
+    callback.on_rollout_end(trainer, module, make_summary(0))
+    callback.teardown(trainer, module, "fit")
+    assert len(read_events(tmp_path / "telemetry" / "ev.jsonl")) == N_ENVS
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"profile": "verbose"}, ValueError, "'minimal', 'normal', 'debug'"),
+        ({"events_file": ""}, ValueError, "non-empty file name"),
+        ({"histogram_every": 0}, ValueError, ">= 1"),
+        ({"histogram_every": 1.5}, TypeError, "int >= 1"),
+    ],
+)
+def test_bad_arguments_say_the_fix(kwargs: dict[str, object], error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        TelemetryCallback(**kwargs)  # type: ignore[arg-type]
+
+
+def test_profiles_and_registry() -> None:
+    assert tuple(PROFILES) == ("minimal", "normal", "debug")
+    assert CALLBACKS.get("telemetry") is TelemetryCallback
+
+
+def test_hooks_before_setup_raise() -> None:
+    callback = TelemetryCallback()
+    with pytest.raises(RuntimeError, match="callbacks="):
+        callback.on_env_step(None, None, make_step(0, 0))  # type: ignore[arg-type]
+
+
+def test_state_dict_round_trip_continues_cumulative_counts(tmp_path: Path) -> None:
+    first = TelemetryCallback()
+    trainer = make_trainer(tmp_path, first)
+    drive(trainer, first, rollouts=2)
+    state = json.loads(json.dumps(first.state_dict()))  # plain data, survives any checkpoint
+    assert state["blueprint_counts"] == {"conv": {"germinated": 2}, "lora": {"pruned": 2}}
+    assert state["events_written"] == first.events_written == 20
+    assert state["rollouts_seen"] == 2 and state["steps_per_rollout"] == STEPS
+
+    resumed = TelemetryCallback()
+    assert resumed.state_key == first.state_key
+    resumed.load_state_dict(state)
+    trainer = make_trainer(tmp_path, resumed, logger=TensorBoardLogger(tmp_path, version=0))
+    drive(trainer, resumed, rollouts=1, start=2)
+    assert resumed.blueprint_counts == {"conv": {"germinated": 3}, "lora": {"pruned": 3}}
+    assert resumed.rollouts_seen == 3
+    events = read_events(resumed.events_path)  # type: ignore[arg-type]
+    assert resumed.events_written == len(events) == 20 + 1 + 10  # appended after a resume line
+    assert events[20]["kind"] == "resume" and events[20]["events_written"] == 20
+    assert events[20]["rollout"] == 2
+    totals = tb(trainer).Scalars("blueprints/conv/germinated_total")
+    assert [(s.step, s.value) for s in totals][-1] == (2, 3.0)
+
+    with pytest.raises(ValueError, match="version"):
+        TelemetryCallback().load_state_dict({**state, "version": 99})
+
+
+@pytest.mark.parametrize("profile", list(PROFILES))
+def test_env_step_makes_no_host_reads(tmp_path: Path, profile: str) -> None:
+    callback = TelemetryCallback(profile=profile)
+    trainer = make_trainer(tmp_path, callback)
+    module = LightningModule()
+    callback.setup(trainer, module, "fit")
+    steps = [make_step(0, t, EVENTS_BY_STEP[t]) for t in range(STEPS)]
+    with HostReadCounter() as counter:
+        callback.on_rollout_start(trainer, module, 0)
+        for step in steps:
+            callback.on_env_step(trainer, module, step)
+        callback.on_rollout_end(trainer, module, make_summary(0))
+        callback.on_ppo_update_end(trainer, module, {"ppo/loss": 0.1})
+    callback.teardown(trainer, module, "fit")
+    assert counter.count == 0, counter.report()
+
+
+@pytest.mark.slow
+def test_real_fit_writes_events_and_tensorboard(tmp_path: Path) -> None:
+    from esper.simic.module import PPOModule
+    from esper.tolaria.data import SyntheticImageDataModule
+
+    callback = TelemetryCallback()
+    trainer = Trainer(
+        max_epochs=2,
+        default_root_dir=tmp_path,
+        callbacks=[callback],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(
+        PPOModule(n_envs=2, episode_epochs=3, host_kwargs={"channels": [4, 8]}),
+        datamodule=SyntheticImageDataModule(n_train=64, n_val=32, batch_size=16),
+    )
+    events = read_events(Path(trainer.log_dir) / "events.jsonl")
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("episode_end") == 2 * 2
+    assert kinds.count("ppo_update") == 2, (
+        "no ppo_update lines: PPOModule does not call on_ppo_update_end yet"
+    )
+    scalars = tb(trainer).Tags()["scalars"]
+    assert any(tag.startswith("reward/") for tag in scalars), scalars
+    assert callback.rollouts_seen == 2
