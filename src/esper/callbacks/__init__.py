@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from lightning.pytorch import Callback
 
+from esper.callbacks.base import EsperCallback
+from esper.callbacks.checkpoint import BestPolicyCheckpoint, EsperCheckpoint
+from esper.callbacks.governor import GovernorCallback
+from esper.callbacks.telemetry import TelemetryCallback
 from esper.plugins import Registry
 
 
@@ -24,4 +28,16 @@ CALLBACKS: Registry[type[Callback]] = Registry(
     "esper.callbacks", "callback", validate=_as_callback_class
 )
 
-__all__ = ["CALLBACKS"]
+CALLBACKS.register("telemetry", TelemetryCallback)
+CALLBACKS.register("governor", GovernorCallback)
+CALLBACKS.register("last_checkpoint", EsperCheckpoint)
+CALLBACKS.register("best_checkpoint", BestPolicyCheckpoint)
+
+__all__ = [
+    "CALLBACKS",
+    "BestPolicyCheckpoint",
+    "EsperCallback",
+    "EsperCheckpoint",
+    "GovernorCallback",
+    "TelemetryCallback",
+]

@@ -284,6 +284,17 @@ class MorphogeneticVecEnv:
             dim=1,
         ).float()
 
+    def train_loader_generator_state(self) -> Tensor:
+        """The shuffling generator's state: a resumed run must continue the same order."""
+        generator = self._train_loader.generator
+        assert generator is not None, "host train loaders are built with a generator"
+        return generator.get_state()
+
+    def set_train_loader_generator_state(self, state: Tensor) -> None:
+        generator = self._train_loader.generator
+        assert generator is not None, "host train loaders are built with a generator"
+        generator.set_state(state)
+
     def column(self, name: str) -> int:
         """Index of a scalar column of :meth:`metrics`."""
         return self._columns[name]

@@ -15,8 +15,11 @@ from typing import Any
 import numpy as np
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from esper.callbacks.base import EsperCallback
+from esper.callbacks.checkpoint import CheckpointError, EsperCheckpointIO
+from esper.contracts import ActionSchema, BlendMode
 from esper.contracts.rollout import RolloutSummary, StepBatch
 from esper.kasmina import LifecycleConfig, OptimConfig
 from esper.simic.buffer import RolloutBuffer
@@ -24,6 +27,7 @@ from esper.simic.env import EnvConfig, MorphogeneticVecEnv
 from esper.simic.normalizer import NormalizerConfig, RunningObsNormalizer
 from esper.simic.ppo import PPOConfig, make_optimizer, ppo_update
 from esper.simic.rewards import RewardConfig
+from esper.simic.rng import capture_rng_state, restore_rng_state
 from esper.simic.rollout import RolloutCollector, read_packed
 from esper.tamiyo.policy import PolicyConfig, PolicyNetwork
 from esper.tolaria.data.base import HostDataModule
@@ -35,6 +39,8 @@ PROGRESS_BAR_METRICS: frozenset[str] = frozenset(
 
 #: Checkpoint key holding what is needed to rebuild the policy before its weights load.
 SPEC_KEY = "esper_policy_spec"
+#: Checkpoint key holding the random states and generators an exact resume needs.
+RUN_STATE_KEY = "esper_run_state"
 
 
 class PPOModule(LightningModule):
@@ -95,6 +101,9 @@ class PPOModule(LightningModule):
         self.last_summary: RolloutSummary | None = None
         self.last_metrics: dict[str, float] = {}
         self._generator = torch.Generator()
+        #: Run state read from a checkpoint before setup built what it belongs to.
+        self._pending_state: dict[str, Any] | None = None
+        self._rng_to_restore: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ building
     def setup(self, stage: str) -> None:
@@ -104,7 +113,11 @@ class PPOModule(LightningModule):
                 "PPOModule needs a HostDataModule (e.g. esper.tolaria.data.DigitsDataModule) "
                 f"passed as Trainer.fit(..., datamodule=...), got {type(datamodule).__name__}"
             )
-        device = self.trainer.strategy.root_device
+        strategy = self.trainer.strategy
+        if type(strategy.checkpoint_io) is TorchCheckpointIO:
+            # Same format, but atomic writes and load errors that name the file.
+            strategy.checkpoint_io = EsperCheckpointIO()
+        device = strategy.root_device
         self.env = MorphogeneticVecEnv(self.env_config, datamodule, device)
         self._build_policy(self.env.layout.dim, self.env.schema)
         assert self.policy is not None and self.normalizer is not None
@@ -127,10 +140,12 @@ class PPOModule(LightningModule):
             self.ppo_config.gae_lambda,
         )
         self._generator.manual_seed(int(torch.initial_seed()) % (2**63))
+        if self._pending_state is not None:
+            self._restore_run_state(self._pending_state)
 
     def _build_policy(self, obs_dim: int, schema: Any) -> None:
         if self.policy is not None:
-            if self._obs_dim != obs_dim:
+            if self._obs_dim != obs_dim or self.policy.schema != schema:
                 raise ValueError(
                     f"the policy expects observations of size {self._obs_dim} but this "
                     f"run's host and blueprints give {obs_dim}; resume with the same host, "
@@ -222,11 +237,58 @@ class PPOModule(LightningModule):
 
     # --------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        assert self.policy is not None
-        checkpoint[SPEC_KEY] = {"obs_dim": self._obs_dim, "schema": self.policy.schema}
+        """Everything beyond weights and optimiser that a resumed run needs to continue exactly."""
+        assert self.policy is not None and self.env is not None
+        schema = self.policy.schema
+        checkpoint[SPEC_KEY] = {
+            "obs_dim": self._obs_dim,
+            "slot_ids": list(schema.slot_ids),
+            "blueprint_names": list(schema.blueprint_names),
+            "blend_modes": [int(m) for m in schema.blend_modes],
+        }
+        checkpoint[RUN_STATE_KEY] = {
+            "ppo_generator": self._generator.get_state(),
+            "host_loader_generator": self.env.train_loader_generator_state(),
+            "rng": capture_rng_state(),
+        }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        where = getattr(getattr(self, "_trainer", None), "ckpt_path", None) or "the checkpoint"
         spec = checkpoint.get(SPEC_KEY)
         if spec is None:
-            raise KeyError(f"checkpoint has no {SPEC_KEY!r} entry; it was not written by PPOModule")
-        self._build_policy(spec["obs_dim"], spec["schema"])
+            raise CheckpointError(
+                f"{where} has no {SPEC_KEY!r} entry: it was not written by PPOModule"
+            )
+        schema = ActionSchema(
+            tuple(spec["slot_ids"]),
+            tuple(spec["blueprint_names"]),
+            tuple(BlendMode(m) for m in spec["blend_modes"]),
+        )
+        if self.policy is not None and self.policy.schema != schema:
+            raise CheckpointError(
+                f"{where} was trained with slots {list(schema.slot_ids)} and blueprints "
+                f"{list(schema.blueprint_names)}, but this run has "
+                f"{list(self.policy.schema.slot_ids)} and {list(self.policy.schema.blueprint_names)}; "
+                "resume with the same host, data and blueprints"
+            )
+        self._build_policy(spec["obs_dim"], schema)
+        state = checkpoint.get(RUN_STATE_KEY)
+        if state is not None:
+            if self.env is not None:
+                self._restore_run_state(state)
+            else:
+                self._pending_state = state
+
+    def _restore_run_state(self, state: dict[str, Any]) -> None:
+        assert self.env is not None
+        self._generator.set_state(state["ppo_generator"])
+        self.env.set_train_loader_generator_state(state["host_loader_generator"])
+        # Applied when training starts: Lightning draws random numbers between loading a
+        # checkpoint and the first epoch, and an uninterrupted run did not draw those.
+        self._rng_to_restore = state["rng"]
+        self._pending_state = None
+
+    def on_train_start(self) -> None:
+        if self._rng_to_restore is not None:
+            restore_rng_state(self._rng_to_restore)
+            self._rng_to_restore = None

@@ -164,7 +164,9 @@ class HostDataModule(LightningDataModule, ABC):
         :meth:`host_train_dataloader` themselves), so one Lightning epoch = one rollout
         and its PPO update, and ``trainer.max_epochs`` counts updates.
         """
-        return DataLoader(_RolloutTicks(), batch_size=None)
+        # Its own generator: creating an iterator draws a seed, and drawing it from the global
+        # generator would shift the policy's random stream by where Lightning builds it.
+        return DataLoader(_RolloutTicks(), batch_size=None, generator=torch.Generator())
 
     def host_train_dataloader(self) -> DataLoader:
         """Host training batches for ``run_epoch``, shuffled by a generator seeded here.

@@ -1,0 +1,141 @@
+"""Checkpoints that a run can always resume from.
+
+:class:`EsperCheckpoint` writes every update's state to ``last.ckpt`` (so
+``esper fit --ckpt_path last`` resumes) and :class:`BestPolicyCheckpoint` keeps the best
+policy so far, by ``train/episode_return``, beside it. Their folder is
+``<default_root_dir>/checkpoints`` rather than the logger's versioned folder, so a resumed
+run (which logs to a new version) still finds ``last.ckpt``.
+
+:class:`EsperCheckpointIO` reads and writes them. Writes go to a temporary file that is
+renamed over the target only once complete, so a kill during a save leaves the previous
+checkpoint intact; a file that cannot be read raises :class:`CheckpointError` naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+#: The metric that decides which policy is "best".
+DEFAULT_MONITOR = "train/episode_return"
+CHECKPOINT_DIR = "checkpoints"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is unreadable or belongs to a different run setup."""
+
+
+class EsperCheckpointIO(TorchCheckpointIO):
+    """Atomic ``torch.save`` (temp file + fsync + rename) and loads with clear errors."""
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | os.PathLike[str], storage_options: Any = None
+    ) -> None:
+        if storage_options is not None:
+            raise TypeError(
+                f"EsperCheckpointIO does not take storage_options, got {storage_options!r}"
+            )
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def load_checkpoint(
+        self,
+        path: str | os.PathLike[str],
+        map_location: Any = None,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        file = Path(path)
+        if not file.is_file():
+            raise CheckpointError(
+                f"checkpoint {file} does not exist; pass an existing .ckpt file or "
+                "`--ckpt_path last` to resume from the newest last.ckpt"
+            )
+        try:
+            checkpoint = torch.load(
+                file, map_location=map_location or "cpu", weights_only=bool(weights_only)
+            )
+        except Exception as exc:
+            raise CheckpointError(
+                f"checkpoint {file} could not be read ({type(exc).__name__}: {exc}); "
+                "it is truncated or not a checkpoint. Resume from another file (an earlier "
+                "one, or best-*.ckpt beside it) or start afresh without --ckpt_path"
+            ) from exc
+        if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+            raise CheckpointError(
+                f"checkpoint {file} holds no Lightning checkpoint (no 'state_dict' entry); "
+                "pass a .ckpt file written by esper fit"
+            )
+        return checkpoint
+
+
+class _FixedFolderCheckpoint(ModelCheckpoint):
+    """A ``ModelCheckpoint`` whose default folder is ``<default_root_dir>/checkpoints``."""
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.dirpath is None:
+            self.dirpath = str(Path(trainer.default_root_dir) / CHECKPOINT_DIR)
+        super().setup(trainer, pl_module, stage)
+
+
+class EsperCheckpoint(_FixedFolderCheckpoint):
+    """``last.ckpt`` after every PPO update, overwritten in place (atomically).
+
+    Lightning's ``save_last`` only writes when a top-k file was written in the same step,
+    so with a monitored metric that did not improve it would skip; saving the newest
+    checkpoint *as* ``last.ckpt`` avoids that.
+    """
+
+    def __init__(self, dirpath: str | os.PathLike[str] | None = None, **kwargs: Any) -> None:
+        for fixed in ("monitor", "filename", "save_top_k", "save_last"):
+            if fixed in kwargs:
+                raise ValueError(
+                    f"EsperCheckpoint sets {fixed} itself; use BestPolicyCheckpoint or "
+                    "lightning's ModelCheckpoint for other schemes"
+                )
+        super().__init__(
+            dirpath=dirpath,
+            monitor=None,
+            filename=ModelCheckpoint.CHECKPOINT_NAME_LAST,
+            save_top_k=1,
+            save_last=False,
+            enable_version_counter=False,
+            **kwargs,
+        )
+
+
+class BestPolicyCheckpoint(_FixedFolderCheckpoint):
+    """The best policy so far by ``monitor`` (default ``train/episode_return``, max)."""
+
+    def __init__(
+        self,
+        dirpath: str | os.PathLike[str] | None = None,
+        monitor: str = DEFAULT_MONITOR,
+        mode: str = "max",
+        filename: str = "best-{epoch:03d}",
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("save_top_k", 1)
+        kwargs.setdefault("auto_insert_metric_name", False)
+        super().__init__(dirpath=dirpath, monitor=monitor, mode=mode, filename=filename, **kwargs)
+
+
+def default_checkpoints() -> list[ModelCheckpoint]:
+    """What ``esper fit`` installs: resume from ``last.ckpt``, keep the best policy."""
+    return [EsperCheckpoint(), BestPolicyCheckpoint()]

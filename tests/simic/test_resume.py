@@ -1,0 +1,106 @@
+"""Checkpoints: an interrupted run resumes exactly; bad files give clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from esper.callbacks.base import EsperCallback
+from esper.callbacks.checkpoint import CheckpointError, EsperCheckpointIO, default_checkpoints
+from esper.simic.module import PPOModule
+from tests.simic.envs import small_data
+
+EPISODE_EPOCHS = 3
+
+
+class ReturnRecorder(EsperCallback):
+    def __init__(self) -> None:
+        self.returns: list[float] = []
+
+    def on_ppo_update_end(self, trainer, pl_module, metrics) -> None:  # type: ignore[no-untyped-def]
+        self.returns.append(metrics["train/episode_return"])
+
+
+def _module() -> PPOModule:
+    return PPOModule(n_envs=2, episode_epochs=EPISODE_EPOCHS, host_kwargs={"channels": [4, 8]})
+
+
+def _fit(
+    root: Path, max_epochs: int, ckpt_path: str | None = None
+) -> tuple[PPOModule, list[float]]:
+    L.seed_everything(0, verbose=False)
+    recorder = ReturnRecorder()
+    module = _module()
+    trainer = L.Trainer(
+        max_epochs=max_epochs,
+        default_root_dir=root,
+        callbacks=[*default_checkpoints(), recorder],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+    )
+    trainer.fit(module, datamodule=small_data(), ckpt_path=ckpt_path)
+    return module, recorder.returns
+
+
+@pytest.mark.slow
+def test_resume_continues_exactly_where_the_run_stopped(tmp_path: Path) -> None:
+    straight, straight_returns = _fit(tmp_path / "straight", max_epochs=3)
+    _, first_returns = _fit(tmp_path / "split", max_epochs=2)
+    assert (tmp_path / "split" / "checkpoints" / "last.ckpt").is_file()
+    resumed, resumed_returns = _fit(tmp_path / "split", max_epochs=3, ckpt_path="last")
+
+    assert first_returns + resumed_returns == straight_returns
+    for name, value in straight.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[name]), name
+
+
+def test_a_best_policy_copy_is_kept_beside_last(tmp_path: Path) -> None:
+    _fit(tmp_path, max_epochs=2)
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert "last.ckpt" in names
+    assert any(n.startswith("best-") for n in names), names
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint_intact(tmp_path: Path) -> None:
+    io = EsperCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"state_dict": {"w": torch.ones(2)}}, path)
+
+    class Unpicklable:
+        def __reduce__(self):  # type: ignore[no-untyped-def]
+            raise RuntimeError("killed mid-save")
+
+    with pytest.raises(RuntimeError, match="killed mid-save"):
+        io.save_checkpoint({"state_dict": {}, "x": Unpicklable()}, path)
+    assert torch.equal(io.load_checkpoint(path)["state_dict"]["w"], torch.ones(2))
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temp file left
+
+
+def test_a_truncated_checkpoint_is_named_in_the_error(tmp_path: Path) -> None:
+    path = tmp_path / "last.ckpt"
+    EsperCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(64)}}, path)
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match=r"last\.ckpt could not be read"):
+        EsperCheckpointIO().load_checkpoint(path)
+
+
+def test_a_missing_checkpoint_is_named_in_the_error(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="does not exist"):
+        EsperCheckpointIO().load_checkpoint(tmp_path / "nope.ckpt")
+
+
+def test_a_checkpoint_from_another_setup_is_refused_with_the_difference(tmp_path: Path) -> None:
+    _fit(tmp_path, max_epochs=1)
+    L.seed_everything(0, verbose=False)
+    other = PPOModule(n_envs=2, episode_epochs=EPISODE_EPOCHS, host_kwargs={"channels": [4, 8, 8]})
+    trainer = L.Trainer(
+        max_epochs=2, default_root_dir=tmp_path, logger=False, enable_progress_bar=False
+    )
+    with pytest.raises(CheckpointError, match="slots"):
+        trainer.fit(
+            other, datamodule=small_data(), ckpt_path=str(tmp_path / "checkpoints" / "last.ckpt")
+        )
