@@ -12,7 +12,12 @@ unless told otherwise), a fresh policy and a collector, runs one warm-up rollout
    host-training time is attributed correctly on CUDA (where ``run_epoch`` returns before
    its kernels finish), and reports the fraction of rollout time outside host training.
 
-Usage: ``python benchmarks/rollout.py [--device cuda] [--episode-epochs 5] [--repeats 2]``
+With ``--telemetry`` it then times rollouts of the smallest ``n_envs`` with the
+:class:`TelemetryCallback` hooks called as in training, for each profile, and prints each
+profile's rollout time as a ratio to the same rollouts with telemetry off.
+
+Usage: ``python benchmarks/rollout.py [--device cuda] [--episode-epochs 5] [--repeats 2]
+[--telemetry]``
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from esper.tamiyo.policy import PolicyConfig, PolicyNetwork
 from esper.tolaria.data import DATAMODULES
 
 N_ENVS = (2, 4, 8)
+#: Rollouts run before timing telemetry, so allocator and kernel warm-up is not billed to it.
+TELEMETRY_WARMUP_ROLLOUTS = 2
 GAMMA, GAE_LAMBDA = 0.99, 0.95
 
 
@@ -112,6 +119,80 @@ def measure(n_envs: int, args: argparse.Namespace, device: torch.device) -> dict
     }
 
 
+def telemetry_costs(args: argparse.Namespace, device: torch.device) -> None:
+    """Rollout time with each telemetry profile, as a ratio to telemetry off."""
+    import tempfile
+    from types import SimpleNamespace
+
+    import lightning as L
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from esper.callbacks.telemetry import PROFILES, TelemetryCallback
+
+    n_envs = min(args.n_envs)
+    torch.manual_seed(0)
+    collector = build(n_envs, args, device)
+    for _ in range(TELEMETRY_WARMUP_ROLLOUTS):
+        collector.collect(0)
+    module = SimpleNamespace(env=collector.env, collector=collector)
+    rollout = 1
+
+    def timed(callback: TelemetryCallback | None, trainer: L.Trainer | None) -> tuple[float, float]:
+        """Median rollout seconds, and median seconds spent inside the telemetry hooks."""
+        nonlocal rollout
+        seconds, in_hooks = [], []
+        for _ in range(args.repeats):
+            hook_s = 0.0
+
+            def hook(fn: Callable[..., None], *hook_args: object) -> None:
+                nonlocal hook_s
+                tick = time.perf_counter()
+                fn(trainer, module, *hook_args)
+                hook_s += time.perf_counter() - tick
+
+            synchronize(device)
+            start = time.perf_counter()
+            if callback is None:
+                collector.collect(rollout)
+            else:
+                hook(callback.on_rollout_start, rollout)
+                _, summary = collector.collect(
+                    rollout, on_step=lambda s: hook(callback.on_env_step, s)
+                )
+                hook(callback.on_rollout_end, summary)
+            synchronize(device)
+            seconds.append(time.perf_counter() - start)
+            in_hooks.append(hook_s)
+            rollout += 1
+        return statistics.median(seconds), statistics.median(in_hooks)
+
+    off, _ = timed(None, None)
+    results: dict[str, tuple[float, float]] = {}
+    for profile in PROFILES:
+        with tempfile.TemporaryDirectory() as tmp:
+            trainer = L.Trainer(
+                default_root_dir=tmp, logger=TensorBoardLogger(tmp), enable_progress_bar=False
+            )
+            callback = TelemetryCallback(profile=profile)
+            callback.setup(trainer, module, "fit")  # type: ignore[arg-type]
+            results[profile] = timed(callback, trainer)
+            callback.teardown(trainer, module, "fit")  # type: ignore[arg-type]
+            trainer.logger.finalize("success")  # type: ignore[union-attr]
+    # Off is timed before and after the profiles; their mean cancels slow drift.
+    off = (off + timed(None, None)[0]) / 2
+    print(f"\ntelemetry cost, n_envs={n_envs}, median of {args.repeats} rollouts:")
+    print(
+        f"{'profile':>8} | {'rollout s':>9} | {'ratio to off':>12} | "
+        f"{'in hooks ms':>11} | {'hooks / rollout':>15}"
+    )
+    print(f"{'off':>8} | {off:>9.3f} | {1.0:>12.3f} | {0.0:>11.2f} | {0.0:>14.3%}")
+    for profile, (seconds, hooks) in results.items():
+        print(
+            f"{profile:>8} | {seconds:>9.3f} | {seconds / off:>12.3f} | "
+            f"{hooks * 1e3:>11.2f} | {hooks / seconds:>14.3%}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -121,6 +202,7 @@ def main() -> None:
     parser.add_argument("--episode-epochs", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--n-envs", type=int, nargs="+", default=list(N_ENVS))
+    parser.add_argument("--telemetry", action="store_true", help="also time each telemetry profile")
     args = parser.parse_args()
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -139,6 +221,8 @@ def main() -> None:
             f"{m['reads_per_host_epoch']:>16.2f} | {m['outside_training']:>20.1%} | "
             f"{m['rollout_s']:>9.2f}"
         )
+    if args.telemetry:
+        telemetry_costs(args, device)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from esper import __version__
 
@@ -36,6 +37,9 @@ def _plugins(_: argparse.Namespace) -> int:
     return 0
 
 
+#: Callbacks ``esper fit`` enables by registry name unless ``--callbacks`` says otherwise.
+DEFAULT_CALLBACKS: tuple[str, ...] = ("telemetry", "governor", "last_checkpoint", "best_checkpoint")
+
 #: Defaults for ``esper fit`` with no arguments: a short run on the embedded digits data.
 DEFAULT_DATA = "esper.tolaria.data.DigitsDataModule"
 DEFAULT_MAX_EPOCHS = 6
@@ -53,12 +57,34 @@ def fit(argv: Sequence[str] | None = None) -> int:
     """
     from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+    from esper.callbacks import CALLBACKS
     from esper.simic.module import PPOModule
     from esper.tolaria.data import HostDataModule
 
     class EsperCLI(LightningCLI):
         def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
             parser.set_defaults({"data": {"class_path": DEFAULT_DATA}})
+            parser.add_argument(
+                "--callbacks",
+                type=list[str],
+                default=list(DEFAULT_CALLBACKS),
+                help=(
+                    "callbacks to enable by registry name, built with their defaults "
+                    f"(built-in and entry-point plugins: {', '.join(CALLBACKS.names())}); "
+                    "use --trainer.callbacks for ones that need arguments"
+                ),
+            )
+
+        def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
+            names = self._get(self.config_init, "callbacks") or []
+            unknown = [n for n in names if n not in CALLBACKS]
+            if unknown:
+                raise ValueError(
+                    f"--callbacks names unknown callbacks {unknown}; "
+                    f"known: {list(CALLBACKS.names())}"
+                )
+            named = [CALLBACKS.get(name)() for name in names]
+            return super()._instantiate_trainer(config, [*callbacks, *named])
 
     cli = EsperCLI(
         PPOModule,

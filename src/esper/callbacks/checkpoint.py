@@ -88,10 +88,18 @@ class EsperCheckpointIO(TorchCheckpointIO):
 class _FixedFolderCheckpoint(ModelCheckpoint):
     """A ``ModelCheckpoint`` whose default folder is ``<default_root_dir>/checkpoints``."""
 
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+    def _fix_dirpath(self, trainer: Trainer) -> None:
         if self.dirpath is None:
             self.dirpath = str(Path(trainer.default_root_dir) / CHECKPOINT_DIR)
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._fix_dirpath(trainer)
         super().setup(trainer, pl_module, stage)
+
+    def _find_last_checkpoints(self, trainer: Trainer) -> set[str]:
+        # ``ckpt_path="last"`` is resolved before ``setup``: fix the folder here too.
+        self._fix_dirpath(trainer)
+        return super()._find_last_checkpoints(trainer)
 
 
 class EsperCheckpoint(_FixedFolderCheckpoint):

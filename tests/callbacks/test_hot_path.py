@@ -1,0 +1,49 @@
+"""With every built-in callback on, the rollout still reads the device once per host epoch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from esper.callbacks import GovernorCallback, TelemetryCallback
+from esper.callbacks.checkpoint import default_checkpoints
+from esper.contracts.rollout import RolloutSummary
+from esper.host_reads import HostReadCounter
+from esper.simic.module import PPOModule
+from tests.simic.envs import small_data
+
+EPISODE_EPOCHS = 4
+
+
+@pytest.mark.parametrize("n_envs", [2, 8])
+def test_rollouts_read_once_per_host_epoch_with_all_builtin_callbacks(
+    tmp_path: Path, n_envs: int
+) -> None:
+    L.seed_everything(0, verbose=False)
+    module = PPOModule(n_envs=n_envs, episode_epochs=EPISODE_EPOCHS, host_kwargs={"channels": [4, 8]})
+    reads: list[int] = []
+    summaries: list[RolloutSummary] = []
+    collect = module._collect
+
+    def counted() -> RolloutSummary:
+        with HostReadCounter() as counter:
+            summary = collect()
+        reads.append(counter.count)
+        summaries.append(summary)
+        return summary
+
+    module._collect = counted  # type: ignore[method-assign]
+    trainer = L.Trainer(
+        max_epochs=2,
+        default_root_dir=tmp_path,
+        logger=TensorBoardLogger(tmp_path),
+        callbacks=[TelemetryCallback(profile="normal"), GovernorCallback(), *default_checkpoints()],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, datamodule=small_data())
+    assert reads == [EPISODE_EPOCHS, EPISODE_EPOCHS], "one packed read per host epoch"
+    assert all(s.host_reads == EPISODE_EPOCHS for s in summaries)

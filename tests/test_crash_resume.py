@@ -1,0 +1,58 @@
+"""A run killed with SIGKILL resumes from its last checkpoint and finishes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli import TINY_CONFIG
+
+MAX_EPOCHS = 8
+#: Generous: the tiny run takes about a second per update on 2 CPU cores.
+WAIT_S = 120
+
+
+def _fit(config: Path, root: Path, *extra: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "esper.cli", "fit", "--config", str(config),
+            "--trainer.max_epochs", str(MAX_EPOCHS), "--trainer.default_root_dir", str(root),
+            *extra,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX signals")
+def test_a_run_killed_with_sigkill_resumes_from_last_and_finishes(tmp_path: Path) -> None:
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY_CONFIG)
+    root = tmp_path / "run"
+    last = root / "checkpoints" / "last.ckpt"
+
+    first = _fit(config, root)
+    deadline = time.monotonic() + WAIT_S
+    while not last.exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert last.exists(), f"no checkpoint before the kill:\n{first.communicate()[0]}"
+    assert first.poll() is None, "the run finished before it could be killed; lengthen it"
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    assert first.returncode == -signal.SIGKILL
+
+    resumed = _fit(config, root, "--ckpt_path", "last")
+    out, _ = resumed.communicate(timeout=WAIT_S)
+    assert resumed.returncode == 0, out
+    assert "Restoring states from the checkpoint" in out
+    assert f"esper fit: {MAX_EPOCHS} PPO update(s)" in out
