@@ -22,8 +22,16 @@ def _fit(config: Path, root: Path, *extra: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     return subprocess.Popen(
         [
-            sys.executable, "-m", "esper.cli", "fit", "--config", str(config),
-            "--trainer.max_epochs", str(MAX_EPOCHS), "--trainer.default_root_dir", str(root),
+            sys.executable,
+            "-m",
+            "esper.cli",
+            "fit",
+            "--config",
+            str(config),
+            "--trainer.max_epochs",
+            str(MAX_EPOCHS),
+            "--trainer.default_root_dir",
+            str(root),
             *extra,
         ],
         env=env,

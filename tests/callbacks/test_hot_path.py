@@ -23,7 +23,9 @@ def test_rollouts_read_once_per_host_epoch_with_all_builtin_callbacks(
     tmp_path: Path, n_envs: int
 ) -> None:
     L.seed_everything(0, verbose=False)
-    module = PPOModule(n_envs=n_envs, episode_epochs=EPISODE_EPOCHS, host_kwargs={"channels": [4, 8]})
+    module = PPOModule(
+        n_envs=n_envs, episode_epochs=EPISODE_EPOCHS, host_kwargs={"channels": [4, 8]}
+    )
     reads: list[int] = []
     summaries: list[RolloutSummary] = []
     collect = module._collect
