@@ -353,3 +353,34 @@ def test_callback_state_survives_a_checkpoint_and_runs_without_a_logger(site: Pa
         "seeds/germinated_total": 1.0,
         "seeds/fossilized_total": 1.0,
     }
+
+
+@pytest.mark.slow
+def test_esper_fit_enables_the_plugins_by_name(
+    site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from esper.cli import main
+    from tests.test_cli import TINY_CONFIG
+
+    monkeypatch.setattr("sys.argv", ["esper"])
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY_CONFIG)
+    root = tmp_path / "run"
+    argv = [
+        "fit",
+        "--config",
+        str(config),
+        "--trainer.default_root_dir",
+        str(root),
+        "--callbacks",
+        "[telemetry, seed_counter]",
+        "--model.blueprints",
+        "[squeeze_excite, conv_light]",
+    ]
+    assert main(argv) == 0
+    events = next(root.rglob("events.out.tfevents.*"))
+    acc = EventAccumulator(str(events.parent))
+    acc.Reload()
+    assert "seed_counter/germinated" in acc.Tags()["scalars"]
