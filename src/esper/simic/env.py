@@ -284,6 +284,12 @@ class MorphogeneticVecEnv:
             dim=1,
         ).float()
 
+    def reseed_data(self, seed: int) -> None:
+        """Restart the host train loader's shuffling from ``seed`` (each DDP rank its own)."""
+        generator = self._train_loader.generator
+        assert generator is not None, "host train loaders are built with a generator"
+        generator.manual_seed(seed)
+
     def train_loader_generator_state(self) -> Tensor:
         """The shuffling generator's state: a resumed run must continue the same order."""
         generator = self._train_loader.generator

@@ -10,6 +10,7 @@ PPO makes many optimiser steps per rollout.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,9 @@ from esper.tolaria.data.base import HostDataModule
 PROGRESS_BAR_METRICS: frozenset[str] = frozenset(
     {"perf/env_steps_per_s", "train/episode_return", "train/host_val_acc"}
 )
+
+#: Offset between ranks' random seeds (and data shuffling seeds) under DDP.
+RANK_SEED_STRIDE = 1_000_003
 
 #: Checkpoint key holding what is needed to rebuild the policy before its weights load.
 SPEC_KEY = "esper_policy_spec"
@@ -118,7 +122,21 @@ class PPOModule(LightningModule):
             # Same format, but atomic writes and load errors that name the file.
             strategy.checkpoint_io = EsperCheckpointIO()
         device = strategy.root_device
-        self.env = MorphogeneticVecEnv(self.env_config, datamodule, device)
+        world, rank = self.trainer.world_size, self.trainer.global_rank
+        if self.env_config.n_envs % world:
+            raise ValueError(
+                f"model.n_envs={self.env_config.n_envs} must divide evenly across the "
+                f"{world} ranks; use a multiple of {world}"
+            )
+        env_config = replace(self.env_config, n_envs=self.env_config.n_envs // world)
+        if world > 1:
+            # Every rank was seeded alike; shift this rank's streams so its env group
+            # initialises hosts, samples actions and shuffles data differently. The policy's
+            # initial weights do not matter here: DDP broadcasts rank 0's.
+            torch.manual_seed(torch.initial_seed() + rank * RANK_SEED_STRIDE)
+        self.env = MorphogeneticVecEnv(env_config, datamodule, device)
+        if world > 1:
+            self.env.reseed_data(datamodule.seed + rank * RANK_SEED_STRIDE)
         self._build_policy(self.env.layout.dim, self.env.schema)
         assert self.policy is not None and self.normalizer is not None
         self.policy.to(device)
@@ -139,6 +157,9 @@ class PPOModule(LightningModule):
             self.ppo_config.gamma,
             self.ppo_config.gae_lambda,
         )
+        self.collector.seed_stride, self.collector.seed_offset = world, rank
+        if world > 1:
+            self.collector.reduce_sum = self._all_reduce_sum
         self._generator.manual_seed(int(torch.initial_seed()) % (2**63))
         if self._pending_state is not None:
             self._restore_run_state(self._pending_state)
@@ -172,6 +193,7 @@ class PPOModule(LightningModule):
             self.ppo_config,
             ent_coef=self._ent_coef(),
             generator=self._generator,
+            backward=self.manual_backward,
         )
         names = sorted(stats)
         values = read_packed(torch.stack([stats[n].float() for n in names]))
@@ -186,9 +208,13 @@ class PPOModule(LightningModule):
                 on_epoch=True,
                 batch_size=1,
                 prog_bar=name in PROGRESS_BAR_METRICS,
+                sync_dist=True,  # means over ranks, logged by rank 0
             )
         for cb in self._esper_callbacks():
             cb.on_ppo_update_end(self.trainer, self, dict(metrics))
+
+    def _all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.trainer.strategy.reduce(tensor, reduce_op="sum")
 
     def _esper_callbacks(self) -> list[EsperCallback]:
         return [cb for cb in self.trainer.callbacks if isinstance(cb, EsperCallback)]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -89,7 +90,12 @@ class RunningObsNormalizer(nn.Module):
             )
 
     @torch.no_grad()
-    def update(self, x: Tensor, valid: Tensor | None = None) -> None:
+    def update(
+        self,
+        x: Tensor,
+        valid: Tensor | None = None,
+        reduce_sum: Callable[[Tensor], Tensor] | None = None,
+    ) -> None:
         """Merge a batch of observations into the running statistics.
 
         Uses the parallel (Chan et al.) combination of two (count, mean, M2) summaries,
@@ -102,6 +108,9 @@ class RunningObsNormalizer(nn.Module):
             x: ``[..., n_features]`` observations, e.g. a whole rollout's ``[E, T, D]``.
             valid: ``x.shape[:-1]`` bool, rows to count (padding and rolled-back steps
                 are False and may hold anything, NaN included); None counts every row.
+            reduce_sum: under data parallelism, an all-reduce (sum) over ranks; the batch's
+                count, sum and sum of squares are reduced in one call so every rank merges
+                the same global batch and the statistics stay identical across ranks.
         """
         self._check_features(x, "update")
         if x.device != self.mean.device:
@@ -135,9 +144,18 @@ class RunningObsNormalizer(nn.Module):
 
         w = weights.unsqueeze(1)  # [N, 1]
         batch_count = weights.sum()  # []
-        safe_batch_count = batch_count.clamp_min(1.0)
-        batch_mean = (w * rows).sum(0) / safe_batch_count  # [D]
-        batch_m2 = (w * (rows - batch_mean).square()).sum(0)  # [D]
+        if reduce_sum is None:
+            safe_batch_count = batch_count.clamp_min(1.0)
+            batch_mean = (w * rows).sum(0) / safe_batch_count  # [D]
+            batch_m2 = (w * (rows - batch_mean).square()).sum(0)  # [D]
+        else:
+            d = self.n_features
+            moments = torch.cat([batch_count[None], (w * rows).sum(0), (w * rows.square()).sum(0)])
+            moments = reduce_sum(moments)
+            batch_count = moments[0]
+            safe_batch_count = batch_count.clamp_min(1.0)
+            batch_mean = moments[1 : 1 + d] / safe_batch_count
+            batch_m2 = (moments[1 + d :] - batch_count * batch_mean.square()).clamp_min(0.0)
 
         total = self.count + batch_count
         safe_total = total.clamp_min(1.0)

@@ -23,6 +23,7 @@ algorithm. What is specific to Esper:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
@@ -244,10 +245,13 @@ def ppo_update(
     config: PPOConfig,
     ent_coef: float | None = None,
     generator: torch.Generator | None = None,
+    backward: Callable[[Tensor], None] | None = None,
 ) -> dict[str, Tensor]:
     """Run ``config.update_epochs`` epochs of recurrent-minibatch PPO on ``batch``.
 
-    ``ent_coef`` overrides ``config.ent_coef`` (for annealing). Returns device scalars:
+    ``ent_coef`` overrides ``config.ent_coef`` (for annealing). ``backward`` replaces
+    ``loss.backward()``: a LightningModule passes ``manual_backward`` so that under DDP
+    every optimiser step sees gradients averaged over ranks. Returns device scalars:
     the :data:`STAT_NAMES` averaged over the minibatches run, and ``epochs_run`` (fewer
     than ``update_epochs`` only after a target-KL stop). Host reads: none when
     ``config.target_kl`` is None, else one per epoch run.
@@ -279,7 +283,10 @@ def ppo_update(
             loss = losses.policy - ent_coef * losses.entropy + config.vf_coef * losses.value
 
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            if backward is None:
+                loss.backward()
+            else:
+                backward(loss)
             grad_norm = nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
             optimizer.step()
 

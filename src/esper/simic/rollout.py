@@ -116,6 +116,13 @@ class RolloutCollector:
         self.gamma = gamma
         self.gae_lambda = gae_lambda
         self.probes: dict[str, Probe] = {}
+        #: Under data parallelism, an all-reduce (sum) over ranks for the normaliser's
+        #: per-rollout statistics; None on one process.
+        self.reduce_sum: Callable[[Tensor], Tensor] | None = None
+        #: Episode seeds are ``rollout * seed_stride + seed_offset``: ranks set these so that
+        #: their env groups plant seeds from distinct generators.
+        self.seed_stride = 1
+        self.seed_offset = 0
         self.snapshots: dict[int, EnvSnapshot] = {}
         self._snapshot_requests: set[int] = set()
         self._rollback_requests: dict[int, str] = {}
@@ -167,7 +174,7 @@ class RolloutCollector:
         for probe in self.probes.values():
             getattr(probe, "reset", lambda: None)()
         training_s = time.perf_counter()
-        env.reset(episode_seed=rollout)
+        env.reset(episode_seed=rollout * self.seed_stride + self.seed_offset)
         training_s = time.perf_counter() - training_s
         hidden = policy.initial_state(env.n_envs, device)
         reads = 0
@@ -246,7 +253,9 @@ class RolloutCollector:
             probes = host[:, 1 + n_metrics :]
             returns += self._close(pending, final, probes, True, rollout, on_step)
             batch = buffer.finish(bootstrap, self.gamma, self.gae_lambda)
-            self.normalizer.update(buffer.raw_obs.flatten(0, 1), buffer.valid.flatten())
+            self.normalizer.update(
+                buffer.raw_obs.flatten(0, 1), buffer.valid.flatten(), reduce_sum=self.reduce_sum
+            )
         self._snapshot_requests.clear()
         self._rollback_requests.clear()
         elapsed = time.perf_counter() - started
