@@ -21,6 +21,7 @@ EVENT_KINDS: tuple[str, ...] = (
     "cooldown",  # the clock moved a slot along PRUNED -> EMBARGOED -> RESETTING -> DORMANT
     "rollback",  # the governor restored this env from a snapshot; ``reason`` says why
     "snapshot",  # the governor took a snapshot of this env
+    "oom_skip",  # the env ran out of device memory and sat out the rest of an epoch
 )
 
 

@@ -26,7 +26,7 @@ from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.features import EnvState, ObservationBuilder, SlotState
 from esper.tamiyo.masks import MaskBuilder
 from esper.tolaria.data.base import HostDataModule
-from esper.tolaria.epoch import EpochResult, run_epoch
+from esper.tolaria.epoch import OOM_POLICIES, EpochResult, run_epoch
 
 #: Seed-initialisation generator keys are taken modulo this (torch seeds are 64-bit).
 SEED_KEY_MODULUS = 2**63
@@ -53,8 +53,15 @@ class EnvConfig:
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     rewards: RewardConfig = field(default_factory=RewardConfig)
+    #: An env that runs out of device memory: "raise" stops the run (after its last
+    #: checkpoint), "skip_env_epoch" lets that env sit out the rest of the epoch.
+    on_oom: str = "raise"
 
     def __post_init__(self) -> None:
+        if self.on_oom not in OOM_POLICIES:
+            raise ValueError(
+                f"EnvConfig.on_oom must be one of {list(OOM_POLICIES)}, got {self.on_oom!r}"
+            )
         if isinstance(self.n_envs, bool) or not isinstance(self.n_envs, int) or self.n_envs < 1:
             raise ValueError(f"EnvConfig.n_envs must be an int >= 1, got {self.n_envs!r}")
         if (
@@ -84,6 +91,10 @@ class EnvConfig:
                     f"EnvConfig.blueprints names unknown blueprints {unknown}; "
                     f"known: {list(BLUEPRINTS.names())}"
                 )
+
+
+class HostDataError(RuntimeError):
+    """The host data pipeline failed (e.g. a DataLoader worker died)."""
 
 
 @dataclass(frozen=True)
@@ -213,7 +224,27 @@ class MorphogeneticVecEnv:
 
     def train_epoch(self) -> EpochResult:
         """One host epoch for every env; the lifecycle clocks tick after it."""
-        result = run_epoch(self.hosts, self._train_loader, self._val_loader)
+        try:
+            result = run_epoch(
+                self.hosts, self._train_loader, self._val_loader, on_oom=self.config.on_oom
+            )
+        except RuntimeError as exc:
+            if "DataLoader worker" not in str(exc):
+                raise
+            raise HostDataError(
+                f"a host data loader worker died during host epoch {self.host_epoch + 1} "
+                f"({exc}); check the data module {type(self.datamodule).__name__} (its "
+                "dataset, memory, or data.num_workers=0 to load in the main process)"
+            ) from exc
+        for e in result.skipped_envs:
+            self._events.append(
+                LifecycleEvent(
+                    kind="oom_skip",
+                    env=e,
+                    reason="out of device memory; sat out the rest of the epoch",
+                    host_epoch=self.host_epoch + 1,
+                )
+            )
         if self.result is not None:
             self._prev_val_acc = self.result.val_acc
         else:

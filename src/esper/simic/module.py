@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from esper.callbacks.base import EsperCallback
@@ -47,6 +48,23 @@ SPEC_KEY = "esper_policy_spec"
 RUN_STATE_KEY = "esper_run_state"
 
 
+class RunFailure(RuntimeError):
+    """A PPO update could not finish; the message says why and where the last checkpoint is."""
+
+
+class CallbackError(RuntimeError):
+    """A callback's rollout hook raised; the message names the callback and the hook."""
+
+
+def _call_hook(callback: EsperCallback, hook: str, *args: Any) -> None:
+    try:
+        getattr(callback, hook)(*args)
+    except Exception as exc:
+        raise CallbackError(
+            f"callback {type(callback).__name__}.{hook} raised {type(exc).__name__}: {exc}"
+        ) from exc
+
+
 class PPOModule(LightningModule):
     """Trains a :class:`PolicyNetwork` with PPO over ``n_envs`` growing hosts.
 
@@ -59,6 +77,8 @@ class PPOModule(LightningModule):
         reward: registered reward family (``shaped``, ``sparse`` or a plugin).
         ent_coef_final: entropy coefficient reached linearly by the last update;
             None keeps ``ppo.ent_coef`` throughout.
+        on_oom: an env out of device memory: ``raise`` ends the run after the last
+            checkpoint; ``skip_env_epoch`` lets that env sit out the epoch.
     """
 
     def __init__(
@@ -76,6 +96,7 @@ class PPOModule(LightningModule):
         ppo: PPOConfig | None = None,
         normalizer: NormalizerConfig | None = None,
         ent_coef_final: float | None = None,
+        on_oom: str = "raise",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -90,6 +111,7 @@ class PPOModule(LightningModule):
             lifecycle=lifecycle or LifecycleConfig(),
             optim=host_optim or OptimConfig(),
             rewards=rewards or RewardConfig(),
+            on_oom=on_oom,
         )
         self.policy_config = policy or PolicyConfig()
         self.ppo_config = ppo or PPOConfig()
@@ -183,6 +205,32 @@ class PPOModule(LightningModule):
 
     # ------------------------------------------------------------------ training
     def training_step(self, batch: Any, batch_idx: int) -> None:
+        try:
+            self._train_one_update()
+        except RunFailure:
+            raise
+        except Exception as exc:
+            raise RunFailure(self._failure_message(exc)) from exc
+
+    def _failure_message(self, exc: BaseException) -> str:
+        """What failed, and where the run's data is: the last complete update's checkpoint."""
+        saved = [
+            cb.last_model_path or cb.best_model_path
+            for cb in self.trainer.checkpoint_callbacks
+            if isinstance(cb, ModelCheckpoint) and (cb.last_model_path or cb.best_model_path)
+        ]
+        where = (
+            f"the last checkpoint, written after update {self.current_epoch}, is {saved[0]}; "
+            "resume with --ckpt_path last"
+            if saved
+            else "no update had completed, so there is no checkpoint to resume from"
+        )
+        return (
+            f"update {self.current_epoch + 1} stopped: {type(exc).__name__}: {exc}. "
+            f"Nothing of earlier updates is lost: {where}"
+        )
+
+    def _train_one_update(self) -> None:
         assert self.collector is not None and self.policy is not None
         summary = self._collect()
         optimizer = self.optimizers()
@@ -211,7 +259,7 @@ class PPOModule(LightningModule):
                 sync_dist=True,  # means over ranks, logged by rank 0
             )
         for cb in self._esper_callbacks():
-            cb.on_ppo_update_end(self.trainer, self, dict(metrics))
+            _call_hook(cb, "on_ppo_update_end", self.trainer, self, dict(metrics))
 
     def _all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return self.trainer.strategy.reduce(tensor, reduce_op="sum")
@@ -223,15 +271,15 @@ class PPOModule(LightningModule):
         assert self.collector is not None
         hooks = self._esper_callbacks()
         for cb in hooks:
-            cb.on_rollout_start(self.trainer, self, self.current_epoch)
+            _call_hook(cb, "on_rollout_start", self.trainer, self, self.current_epoch)
 
         def on_step(batch: StepBatch) -> None:
             for cb in hooks:
-                cb.on_env_step(self.trainer, self, batch)
+                _call_hook(cb, "on_env_step", self.trainer, self, batch)
 
         self._batch, summary = self.collector.collect(self.current_epoch, on_step=on_step)
         for cb in hooks:
-            cb.on_rollout_end(self.trainer, self, summary)
+            _call_hook(cb, "on_rollout_end", self.trainer, self, summary)
         self.last_summary = summary
         return summary
 

@@ -19,6 +19,14 @@ from torch import Tensor
 from esper.contracts import SeedStage
 from esper.kasmina.growing_host import GrowingHost
 
+#: What ``run_epoch`` does when an env runs out of device memory while training.
+OOM_POLICIES: tuple[str, ...] = ("raise", "skip_env_epoch")
+
+
+class HostOutOfMemoryError(RuntimeError):
+    """An env's host ran out of device memory and the policy was to stop."""
+
+
 #: Stages whose seed changes the slot's output and can be switched off for a counterfactual.
 COUNTERFACTUAL_STAGES: frozenset[SeedStage] = frozenset({SeedStage.BLENDING, SeedStage.HOLDING})
 
@@ -38,6 +46,9 @@ class EpochResult:
         loss_finite: ``[E]`` bool, every training loss of the epoch was finite.
         seed_grads_finite: ``[E, S]`` bool, every gradient of that slot's live seed was
             finite (True where the slot trains no seed).
+        skipped_envs: envs that ran out of device memory and sat out the rest of this
+            epoch's training (``on_oom="skip_env_epoch"``); host-side, known from the
+            exception, so nobody reads the device to learn it.
     """
 
     train_loss: Tensor
@@ -47,6 +58,7 @@ class EpochResult:
     cf_val_acc: Tensor
     loss_finite: Tensor
     seed_grads_finite: Tensor
+    skipped_envs: tuple[int, ...] = ()
 
     @property
     def contribution(self) -> Tensor:
@@ -54,7 +66,7 @@ class EpochResult:
         return self.val_acc.unsqueeze(1) - self.cf_val_acc
 
     def as_dict(self) -> dict[str, Tensor]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "skipped_envs"}
 
 
 @dataclass
@@ -66,14 +78,22 @@ class _EnvAccumulator:
     loss_finite: Tensor
     grads_finite: Tensor  # [S] bool
     seen: int = 0
+    #: Set when the env ran out of memory and sat out the rest of the epoch's training.
+    skipped: bool = False
 
 
 def run_epoch(
     envs: Sequence[GrowingHost],
     train_batches: Iterable[tuple[Tensor, Tensor]],
     val_batches: Iterable[tuple[Tensor, Tensor]],
+    on_oom: str = "raise",
 ) -> EpochResult:
     """Train each env for one pass over ``train_batches``, then validate all envs together.
+
+    ``on_oom``: when an env runs out of device memory while training, ``"raise"`` stops
+    with :class:`HostOutOfMemoryError` naming the env; ``"skip_env_epoch"`` lets that env
+    sit out the rest of the epoch's training (its metrics cover the batches it did train
+    on) while the other envs go on.
 
     Every train batch is split into ``E`` contiguous shares, one per env, so the envs see
     disjoint data and one loader (pinned on CUDA) feeds them all. On CUDA each env trains on
@@ -84,6 +104,8 @@ def run_epoch(
     """
     if not envs:
         raise ValueError("run_epoch needs at least one env")
+    if on_oom not in OOM_POLICIES:
+        raise ValueError(f"on_oom must be one of {OOM_POLICIES}, got {on_oom!r}")
     slot_ids = envs[0].slot_ids
     for i, env in enumerate(envs):
         if env.slot_ids != slot_ids:
@@ -92,28 +114,32 @@ def run_epoch(
                 "all envs of one run must use the same host architecture"
             )
     device = envs[0].device
-    train = _train(envs, train_batches, device)
+    train = _train(envs, train_batches, device, on_oom)
     for i, acc in enumerate(train):
-        if acc.seen == 0:
+        if acc.seen == 0 and not acc.skipped:
             raise ValueError(
                 f"env {i} received no training samples this epoch; the train loader must "
                 f"yield at least one batch of at least {len(envs)} samples (one per env)"
             )
     val_loss, val_acc, cf_acc = _validate(envs, val_batches, device)
     return EpochResult(
-        train_loss=torch.stack([a.loss_sum / a.seen for a in train]),
-        train_acc=torch.stack([a.correct / a.seen for a in train]),
+        train_loss=torch.stack([a.loss_sum / max(a.seen, 1) for a in train]),
+        train_acc=torch.stack([a.correct / max(a.seen, 1) for a in train]),
         val_loss=val_loss,
         val_acc=val_acc,
         cf_val_acc=cf_acc,
         loss_finite=torch.stack([a.loss_finite for a in train]),
         seed_grads_finite=torch.stack([a.grads_finite for a in train]),
+        skipped_envs=tuple(i for i, a in enumerate(train) if a.skipped),
     )
 
 
 # --------------------------------------------------------------------------- train
 def _train(
-    envs: Sequence[GrowingHost], batches: Iterable[tuple[Tensor, Tensor]], device: torch.device
+    envs: Sequence[GrowingHost],
+    batches: Iterable[tuple[Tensor, Tensor]],
+    device: torch.device,
+    on_oom: str,
 ) -> list[_EnvAccumulator]:
     n_slots = len(envs[0].slot_ids)
     accs = [
@@ -130,7 +156,7 @@ def _train(
     streams = _env_streams(len(envs), device)
     # Callers may hold a no-grad context (the rollout loop does); host training needs grads.
     with torch.enable_grad():
-        _train_batches(envs, accs, batches, device, streams)
+        _train_batches(envs, accs, batches, device, streams, on_oom)
     return accs
 
 
@@ -140,6 +166,7 @@ def _train_batches(
     batches: Iterable[tuple[Tensor, Tensor]],
     device: torch.device,
     streams: list[torch.cuda.Stream],
+    on_oom: str,
 ) -> None:
     main = torch.cuda.current_stream(device) if streams else None
     for x_cpu, y_cpu in batches:
@@ -147,10 +174,23 @@ def _train_batches(
         y = y_cpu.to(device, non_blocking=True)
         shares = zip(x.tensor_split(len(envs)), y.tensor_split(len(envs)), strict=True)
         for i, (env, acc, (xe, ye)) in enumerate(zip(envs, accs, shares, strict=True)):
-            if xe.shape[0] == 0:
+            if xe.shape[0] == 0 or acc.skipped:
                 continue
-            with _on_stream(streams, i, main, (xe, ye)):
-                _train_step(env, acc, xe, ye)
+            try:
+                with _on_stream(streams, i, main, (xe, ye)):
+                    _train_step(env, acc, xe, ye)
+            except torch.OutOfMemoryError as exc:
+                if on_oom == "raise":
+                    raise HostOutOfMemoryError(
+                        f"env {i} ran out of device memory while training its host on a "
+                        f"share of {xe.shape[0]} samples; lower data.batch_size or "
+                        "model.n_envs, or set model.on_oom=skip_env_epoch to let that env "
+                        f"sit out the epoch ({exc})"
+                    ) from exc
+                acc.skipped = True
+                env.zero_grad()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
     if streams:
         for stream in streams:
             main.wait_stream(stream)  # type: ignore[union-attr]
