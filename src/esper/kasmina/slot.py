@@ -52,6 +52,9 @@ class SeedSlot(nn.Module):
         self.gate: ChannelGate | None = None
         # Moves with .to()/.cuda() so a seed planted later is built on the host's device.
         self.register_buffer("_device_anchor", torch.empty(0), persistent=False)
+        # Alpha as a device scalar, refreshed by every lifecycle op: forward multiplies by a
+        # tensor, so a compiled forward does not recompile each time the ramp moves.
+        self.register_buffer("_alpha_t", torch.zeros(()), persistent=False)
         # Per-replica alpha multipliers for the fused counterfactual pass; see `counterfactual`.
         self._cf_scale: Tensor | None = None
 
@@ -95,19 +98,28 @@ class SeedSlot(nn.Module):
         self.seed = module.to(device)
         if BlendMode(blend_mode) is BlendMode.GATED:
             self.gate = ChannelGate(self.shape).to(device)
+        self._sync_alpha()
         return self.seed
 
     def advance(self, signals: GateSignals) -> GateResult:
-        return self.lifecycle.advance(signals)
+        result = self.lifecycle.advance(signals)
+        self._sync_alpha()
+        return result
 
     def prune(self) -> None:
         """Cut the seed: the module and its parameters are dropped from the slot."""
         self.lifecycle.prune()
         self.seed = None
         self.gate = None
+        self._sync_alpha()
 
     def end_epoch(self) -> SeedStage | None:
-        return self.lifecycle.end_epoch()
+        entered = self.lifecycle.end_epoch()
+        self._sync_alpha()
+        return entered
+
+    def _sync_alpha(self) -> None:
+        self._alpha_t.fill_(self.alpha)  # a host-to-device fill, never a read
 
     # --------------------------------------------------------------- forward
     def forward(self, h: Tensor) -> Tensor:
@@ -125,12 +137,12 @@ class SeedSlot(nn.Module):
             delta = self.gate(delta)
         scale = self._cf_scale
         if scale is None:
-            return h + self.alpha * delta
+            return h + self._alpha_t * delta
         # Counterfactual replicas: the batch is R copies of the input; replica r sees this
         # seed with alpha * scale[r].
         replicas = scale.shape[0]
         shaped = delta.unflatten(0, (replicas, -1))
-        weights = (self.alpha * scale).view(replicas, *([1] * (shaped.dim() - 1)))
+        weights = (self._alpha_t * scale).view(replicas, *([1] * (shaped.dim() - 1)))
         return h + (shaped * weights).flatten(0, 1)
 
     def set_counterfactual_scale(self, scale: Tensor | None) -> None:

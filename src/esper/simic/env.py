@@ -56,6 +56,8 @@ class EnvConfig:
     #: An env that runs out of device memory: "raise" stops the run (after its last
     #: checkpoint), "skip_env_epoch" lets that env sit out the rest of the epoch.
     on_oom: str = "raise"
+    #: Run each host's forward and loss through torch.compile.
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if self.on_oom not in OOM_POLICIES:
@@ -226,7 +228,11 @@ class MorphogeneticVecEnv:
         """One host epoch for every env; the lifecycle clocks tick after it."""
         try:
             result = run_epoch(
-                self.hosts, self._train_loader, self._val_loader, on_oom=self.config.on_oom
+                self.hosts,
+                self._train_loader,
+                self._val_loader,
+                on_oom=self.config.on_oom,
+                compile=self.config.compile,
             )
         except RuntimeError as exc:
             if "DataLoader worker" not in str(exc):

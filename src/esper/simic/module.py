@@ -79,6 +79,7 @@ class PPOModule(LightningModule):
             None keeps ``ppo.ent_coef`` throughout.
         on_oom: an env out of device memory: ``raise`` ends the run after the last
             checkpoint; ``skip_env_epoch`` lets that env sit out the epoch.
+        compile: ``torch.compile`` the hosts' train step and the policy's act.
     """
 
     def __init__(
@@ -97,6 +98,7 @@ class PPOModule(LightningModule):
         normalizer: NormalizerConfig | None = None,
         ent_coef_final: float | None = None,
         on_oom: str = "raise",
+        compile: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -112,6 +114,7 @@ class PPOModule(LightningModule):
             optim=host_optim or OptimConfig(),
             rewards=rewards or RewardConfig(),
             on_oom=on_oom,
+            compile=compile,
         )
         self.policy_config = policy or PolicyConfig()
         self.ppo_config = ppo or PPOConfig()
@@ -178,6 +181,7 @@ class PPOModule(LightningModule):
             buffer,
             self.ppo_config.gamma,
             self.ppo_config.gae_lambda,
+            compile=self.env_config.compile,
         )
         self.collector.seed_stride, self.collector.seed_offset = world, rank
         if world > 1:

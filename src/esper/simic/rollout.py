@@ -103,6 +103,7 @@ class RolloutCollector:
         buffer: RolloutBuffer,
         gamma: float,
         gae_lambda: float,
+        compile: bool = False,
     ) -> None:
         if buffer.n_steps != env.decisions_per_episode or buffer.n_envs != env.n_envs:
             raise ValueError(
@@ -115,6 +116,8 @@ class RolloutCollector:
         self.buffer = buffer
         self.gamma = gamma
         self.gae_lambda = gae_lambda
+        #: The controller's act, through torch.compile when asked (one graph for all envs).
+        self._act = torch.compile(policy.act) if compile else policy.act
         self.probes: dict[str, Probe] = {}
         #: Under data parallelism, an all-reduce (sum) over ranks for the normaliser's
         #: per-rollout statistics; None on one process.
@@ -190,7 +193,7 @@ class RolloutCollector:
                 raw_obs, masks = env.observe()
                 obs = self.normalizer(raw_obs)
                 acted_from = hidden
-                act: ActResult = policy.act(obs, hidden, masks, deterministic=deterministic)
+                act: ActResult = self._act(obs, hidden, masks, deterministic=deterministic)
                 packed = torch.cat(
                     [
                         act.actions.float(),

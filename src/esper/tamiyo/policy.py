@@ -18,6 +18,7 @@ step's LSTM update, so the update replays exactly what the rollout computed.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -53,12 +54,17 @@ class PolicyConfig:
     def __post_init__(self) -> None:
         for name in ("hidden_size", "lstm_layers", "encoder_layers"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"PolicyConfig.{name} must be an int >= 1, got {value!r}")
         for name in ("hidden_init_gain", "policy_head_init_gain", "value_head_init_gain"):
             value = getattr(self, name)
-            if not value > 0:
-                raise ValueError(f"PolicyConfig.{name} must be > 0, got {value!r}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, numbers.Real)
+                or not math.isfinite(value)
+                or value <= 0
+            ):
+                raise ValueError(f"PolicyConfig.{name} must be a finite number > 0, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -123,7 +129,10 @@ class PolicyNetwork(nn.Module):
             width = hidden
         self.encoder = nn.Sequential(*layers)
 
-        self.lstm = nn.LSTM(hidden, hidden, num_layers=config.lstm_layers)
+        # One cell per layer rather than nn.LSTM: the policy always steps one time step at
+        # a time, and torch.compile traces cells without a graph break (it cannot trace
+        # nn.LSTM).
+        self.lstm = nn.ModuleList(nn.LSTMCell(hidden, hidden) for _ in range(config.lstm_layers))
         for name, param in self.lstm.named_parameters():
             if "bias" in name:
                 nn.init.zeros_(param)
@@ -206,8 +215,14 @@ class PolicyNetwork(nn.Module):
         """One LSTM step: ``x [E, H]`` → ``([E, H], new hidden)``."""
         if episode_starts is not None:
             hidden = _reset_hidden(hidden, episode_starts)
-        out, hidden = self.lstm(x.unsqueeze(0), hidden)
-        return out.squeeze(0), hidden
+        h, c = hidden
+        hs, cs = [], []
+        for layer, cell in enumerate(self.lstm):
+            h_l, c_l = cell(x, (h[layer], c[layer]))
+            hs.append(h_l)
+            cs.append(c_l)
+            x = h_l
+        return x, (torch.stack(hs), torch.stack(cs))
 
     def _heads(
         self,

@@ -10,7 +10,7 @@ Shapes: ``E`` envs, ``S`` slots per host (every env runs the same host architect
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 
 import torch
@@ -18,6 +18,7 @@ from torch import Tensor
 
 from esper.contracts import SeedStage
 from esper.kasmina.growing_host import GrowingHost
+from esper.kasmina.hosts.base import HostModel
 
 #: What ``run_epoch`` does when an env runs out of device memory while training.
 OOM_POLICIES: tuple[str, ...] = ("raise", "skip_env_epoch")
@@ -87,13 +88,15 @@ def run_epoch(
     train_batches: Iterable[tuple[Tensor, Tensor]],
     val_batches: Iterable[tuple[Tensor, Tensor]],
     on_oom: str = "raise",
+    compile: bool = False,
 ) -> EpochResult:
     """Train each env for one pass over ``train_batches``, then validate all envs together.
 
     ``on_oom``: when an env runs out of device memory while training, ``"raise"`` stops
     with :class:`HostOutOfMemoryError` naming the env; ``"skip_env_epoch"`` lets that env
     sit out the rest of the epoch's training (its metrics cover the batches it did train
-    on) while the other envs go on.
+    on) while the other envs go on. ``compile`` runs each host's forward and loss (and so
+    its backward) through ``torch.compile``.
 
     Every train batch is split into ``E`` contiguous shares, one per env, so the envs see
     disjoint data and one loader (pinned on CUDA) feeds them all. On CUDA each env trains on
@@ -114,7 +117,8 @@ def run_epoch(
                 "all envs of one run must use the same host architecture"
             )
     device = envs[0].device
-    train = _train(envs, train_batches, device, on_oom)
+    forward_loss = compiled_forward_loss() if compile else _forward_loss
+    train = _train(envs, train_batches, device, on_oom, forward_loss)
     for i, acc in enumerate(train):
         if acc.seen == 0 and not acc.skipped:
             raise ValueError(
@@ -140,6 +144,7 @@ def _train(
     batches: Iterable[tuple[Tensor, Tensor]],
     device: torch.device,
     on_oom: str,
+    forward_loss: Callable[[HostModel, Tensor, Tensor], tuple[Tensor, Tensor]],
 ) -> list[_EnvAccumulator]:
     n_slots = len(envs[0].slot_ids)
     accs = [
@@ -156,7 +161,7 @@ def _train(
     streams = _env_streams(len(envs), device)
     # Callers may hold a no-grad context (the rollout loop does); host training needs grads.
     with torch.enable_grad():
-        _train_batches(envs, accs, batches, device, streams, on_oom)
+        _train_batches(envs, accs, batches, device, streams, on_oom, forward_loss)
     return accs
 
 
@@ -167,6 +172,7 @@ def _train_batches(
     device: torch.device,
     streams: list[torch.cuda.Stream],
     on_oom: str,
+    forward_loss: Callable[[HostModel, Tensor, Tensor], tuple[Tensor, Tensor]],
 ) -> None:
     main = torch.cuda.current_stream(device) if streams else None
     for x_cpu, y_cpu in batches:
@@ -178,7 +184,7 @@ def _train_batches(
                 continue
             try:
                 with _on_stream(streams, i, main, (xe, ye)):
-                    _train_step(env, acc, xe, ye)
+                    _train_step(env, acc, xe, ye, forward_loss)
             except torch.OutOfMemoryError as exc:
                 if on_oom == "raise":
                     raise HostOutOfMemoryError(
@@ -196,10 +202,44 @@ def _train_batches(
             main.wait_stream(stream)  # type: ignore[union-attr]
 
 
-def _train_step(env: GrowingHost, acc: _EnvAccumulator, x: Tensor, y: Tensor) -> None:
+def _forward_loss(model: HostModel, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """The host's forward and loss: the part of a train step worth compiling."""
+    loss, correct, _ = model.loss_and_correct(model(x), y)
+    return loss, correct
+
+
+#: Recompilations allowed per compiled function: each combination of slot stages is its
+#: own graph, and a host with several slots meets a few dozen combinations in a run.
+COMPILE_RECOMPILE_LIMIT = 128
+_compiled_forward_loss: Callable[[HostModel, Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
+
+
+def compiled_forward_loss() -> Callable[[HostModel, Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """``torch.compile`` of :func:`_forward_loss`, built once and shared by every env.
+
+    Dynamo treats a module's parameters as inputs, so hosts of one architecture share the
+    compiled graphs; a slot changing stage selects (or compiles) another graph.
+    """
+    global _compiled_forward_loss
+    if _compiled_forward_loss is None:
+        torch._dynamo.config.recompile_limit = max(
+            torch._dynamo.config.recompile_limit, COMPILE_RECOMPILE_LIMIT
+        )
+        _compiled_forward_loss = torch.compile(_forward_loss)
+    return _compiled_forward_loss
+
+
+def _train_step(
+    env: GrowingHost,
+    acc: _EnvAccumulator,
+    x: Tensor,
+    y: Tensor,
+    forward_loss: Callable[[HostModel, Tensor, Tensor], tuple[Tensor, Tensor]] = _forward_loss,
+) -> None:
     env.zero_grad()
-    outputs = env.model(x)
-    loss, correct, count = env.model.loss_and_correct(outputs, y)
+    env.model.check_input(x)  # host-side shape check, outside any compiled graph
+    loss, correct = forward_loss(env.model, x, y)
+    count = y.numel()
     loss.backward()
     _update_grad_flags(env, acc.grads_finite)
     env.step()
