@@ -26,7 +26,7 @@ from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.features import EnvState, ObservationBuilder, SlotState
 from esper.tamiyo.masks import MaskBuilder
 from esper.tolaria.data.base import HostDataModule
-from esper.tolaria.epoch import OOM_POLICIES, EpochResult, run_epoch
+from esper.tolaria.epoch import AMP_DTYPES, OOM_POLICIES, EpochResult, run_epoch
 
 #: Seed-initialisation generator keys are taken modulo this (torch seeds are 64-bit).
 SEED_KEY_MODULUS = 2**63
@@ -58,8 +58,17 @@ class EnvConfig:
     on_oom: str = "raise"
     #: Run each host's forward and loss through torch.compile.
     compile: bool = False
+    #: Mixed precision for host training: "off", "bf16" or "fp16" (one GradScaler per device).
+    amp: str = "off"
+    #: Devices to place hosts on, round-robin (e.g. ["cuda:0", "cuda:1"]); None: the
+    #: module's device.
+    devices: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.amp not in AMP_DTYPES:
+            raise ValueError(f"EnvConfig.amp must be one of {list(AMP_DTYPES)}, got {self.amp!r}")
+        if self.devices is not None and not self.devices:
+            raise ValueError("EnvConfig.devices is empty; pass None to use the module's device")
         if self.on_oom not in OOM_POLICIES:
             raise ValueError(
                 f"EnvConfig.on_oom must be one of {list(OOM_POLICIES)}, got {self.on_oom!r}"
@@ -175,6 +184,11 @@ class MorphogeneticVecEnv:
         self._mask_arrays: dict[str, np.ndarray] = {}
         self._events: list[LifecycleEvent] = []
         self.episode_seed = 0
+        #: fp16 gradient scalers, one per device, kept across epochs and episodes.
+        self._scalers: dict[torch.device, torch.amp.GradScaler] = {}
+        listed = config.devices or (str(self.device),)
+        #: Where each env's host lives: the listed devices, round-robin.
+        self.host_devices = [torch.device(listed[e % len(listed)]) for e in range(config.n_envs)]
 
     # ------------------------------------------------------------------ queries
     @property
@@ -214,8 +228,8 @@ class MorphogeneticVecEnv:
         self.episode_seed = episode_seed
         self._events = []
         self.hosts = [
-            GrowingHost(build_host(self.config, self.datamodule).to(self.device), self.config.optim)
-            for _ in range(self.n_envs)
+            GrowingHost(build_host(self.config, self.datamodule).to(device), self.config.optim)
+            for device in self.host_devices
         ]
         self.host_epoch = 0
         self._refused[:] = False
@@ -233,6 +247,9 @@ class MorphogeneticVecEnv:
                 self._val_loader,
                 on_oom=self.config.on_oom,
                 compile=self.config.compile,
+                amp=self.config.amp,
+                scalers=self._scalers,
+                result_device=self.device,
             )
         except RuntimeError as exc:
             if "DataLoader worker" not in str(exc):

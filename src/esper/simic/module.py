@@ -80,6 +80,9 @@ class PPOModule(LightningModule):
         on_oom: an env out of device memory: ``raise`` ends the run after the last
             checkpoint; ``skip_env_epoch`` lets that env sit out the epoch.
         compile: ``torch.compile`` the hosts' train step and the policy's act.
+        amp: mixed precision for host training: ``off`` (default), ``bf16`` or ``fp16``.
+        devices: place this rank's hosts round-robin over these devices (one process,
+            several GPUs); each env trains on its own CUDA stream. None: the module's.
     """
 
     def __init__(
@@ -99,6 +102,8 @@ class PPOModule(LightningModule):
         ent_coef_final: float | None = None,
         on_oom: str = "raise",
         compile: bool = False,
+        amp: str = "off",
+        devices: list[str] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -115,6 +120,8 @@ class PPOModule(LightningModule):
             rewards=rewards or RewardConfig(),
             on_oom=on_oom,
             compile=compile,
+            amp=amp,
+            devices=tuple(devices) if devices is not None else None,
         )
         self.policy_config = policy or PolicyConfig()
         self.ppo_config = ppo or PPOConfig()

@@ -20,6 +20,13 @@ from esper.contracts import SeedStage
 from esper.kasmina.growing_host import GrowingHost
 from esper.kasmina.hosts.base import HostModel
 
+#: Autocast dtypes by the ``amp`` setting (None: full precision).
+AMP_DTYPES: dict[str, torch.dtype | None] = {
+    "off": None,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
+
 #: What ``run_epoch`` does when an env runs out of device memory while training.
 OOM_POLICIES: tuple[str, ...] = ("raise", "skip_env_epoch")
 
@@ -89,6 +96,9 @@ def run_epoch(
     val_batches: Iterable[tuple[Tensor, Tensor]],
     on_oom: str = "raise",
     compile: bool = False,
+    amp: str = "off",
+    scalers: dict[torch.device, torch.amp.GradScaler] | None = None,
+    result_device: torch.device | str | None = None,
 ) -> EpochResult:
     """Train each env for one pass over ``train_batches``, then validate all envs together.
 
@@ -96,7 +106,13 @@ def run_epoch(
     with :class:`HostOutOfMemoryError` naming the env; ``"skip_env_epoch"`` lets that env
     sit out the rest of the epoch's training (its metrics cover the batches it did train
     on) while the other envs go on. ``compile`` runs each host's forward and loss (and so
-    its backward) through ``torch.compile``.
+    its backward) through ``torch.compile``. ``amp`` (``off``, ``bf16``, ``fp16``) runs the
+    forward under autocast; with ``fp16`` pass ``scalers``, a dict the caller keeps across
+    epochs, which gets one ``GradScaler`` per device.
+
+    Envs may live on different devices (round-robin placement over several GPUs): each
+    gets the batch copied to its device, trains on its own stream there, and its figures
+    are copied device-to-device to ``result_device`` (default: env 0's device).
 
     Every train batch is split into ``E`` contiguous shares, one per env, so the envs see
     disjoint data and one loader (pinned on CUDA) feeds them all. On CUDA each env trains on
@@ -116,9 +132,21 @@ def run_epoch(
                 f"env {i} has slots {list(env.slot_ids)} but env 0 has {list(slot_ids)}; "
                 "all envs of one run must use the same host architecture"
             )
-    device = envs[0].device
-    forward_loss = compiled_forward_loss() if compile else _forward_loss
-    train = _train(envs, train_batches, device, on_oom, forward_loss)
+    if amp not in AMP_DTYPES:
+        raise ValueError(f"amp must be one of {list(AMP_DTYPES)}, got {amp!r}")
+    device = envs[0].device if result_device is None else torch.device(result_device)
+    amp_dtype = AMP_DTYPES[amp]
+    if amp == "fp16":
+        scalers = {} if scalers is None else scalers
+        for env in envs:
+            scalers.setdefault(env.device, torch.amp.GradScaler(env.device.type))
+    options = _Options(
+        on_oom=on_oom,
+        forward_loss=compiled_forward_loss() if compile else _forward_loss,
+        amp_dtype=amp_dtype,
+        scalers=scalers if amp == "fp16" else None,
+    )
+    train = _train(envs, train_batches, options)
     for i, acc in enumerate(train):
         if acc.seen == 0 and not acc.skipped:
             raise ValueError(
@@ -126,42 +154,51 @@ def run_epoch(
                 f"yield at least one batch of at least {len(envs)} samples (one per env)"
             )
     val_loss, val_acc, cf_acc = _validate(envs, val_batches, device)
+
+    def gather(values: list[Tensor]) -> Tensor:
+        """Stack per-env figures on ``device``: device-to-device copies, no host read."""
+        return torch.stack([v.to(device, non_blocking=True) for v in values])
+
     return EpochResult(
-        train_loss=torch.stack([a.loss_sum / max(a.seen, 1) for a in train]),
-        train_acc=torch.stack([a.correct / max(a.seen, 1) for a in train]),
+        train_loss=gather([a.loss_sum / max(a.seen, 1) for a in train]),
+        train_acc=gather([a.correct / max(a.seen, 1) for a in train]),
         val_loss=val_loss,
         val_acc=val_acc,
         cf_val_acc=cf_acc,
-        loss_finite=torch.stack([a.loss_finite for a in train]),
-        seed_grads_finite=torch.stack([a.grads_finite for a in train]),
+        loss_finite=gather([a.loss_finite for a in train]),
+        seed_grads_finite=gather([a.grads_finite for a in train]),
         skipped_envs=tuple(i for i, a in enumerate(train) if a.skipped),
     )
 
 
 # --------------------------------------------------------------------------- train
+@dataclass(frozen=True)
+class _Options:
+    on_oom: str
+    forward_loss: Callable[[HostModel, Tensor, Tensor], tuple[Tensor, Tensor]]
+    amp_dtype: torch.dtype | None
+    scalers: dict[torch.device, torch.amp.GradScaler] | None
+
+
 def _train(
-    envs: Sequence[GrowingHost],
-    batches: Iterable[tuple[Tensor, Tensor]],
-    device: torch.device,
-    on_oom: str,
-    forward_loss: Callable[[HostModel, Tensor, Tensor], tuple[Tensor, Tensor]],
+    envs: Sequence[GrowingHost], batches: Iterable[tuple[Tensor, Tensor]], options: _Options
 ) -> list[_EnvAccumulator]:
     n_slots = len(envs[0].slot_ids)
     accs = [
         _EnvAccumulator(
-            loss_sum=torch.zeros((), device=device),
-            correct=torch.zeros((), device=device, dtype=torch.long),
-            loss_finite=torch.ones((), device=device, dtype=torch.bool),
-            grads_finite=torch.ones(n_slots, device=device, dtype=torch.bool),
+            loss_sum=torch.zeros((), device=env.device),
+            correct=torch.zeros((), device=env.device, dtype=torch.long),
+            loss_finite=torch.ones((), device=env.device, dtype=torch.bool),
+            grads_finite=torch.ones(n_slots, device=env.device, dtype=torch.bool),
         )
-        for _ in envs
+        for env in envs
     ]
     for env in envs:
         env.model.train()
-    streams = _env_streams(len(envs), device)
+    streams = _env_streams(envs)
     # Callers may hold a no-grad context (the rollout loop does); host training needs grads.
     with torch.enable_grad():
-        _train_batches(envs, accs, batches, device, streams, on_oom, forward_loss)
+        _train_batches(envs, accs, batches, streams, options)
     return accs
 
 
@@ -169,24 +206,26 @@ def _train_batches(
     envs: Sequence[GrowingHost],
     accs: list[_EnvAccumulator],
     batches: Iterable[tuple[Tensor, Tensor]],
-    device: torch.device,
-    streams: list[torch.cuda.Stream],
-    on_oom: str,
-    forward_loss: Callable[[HostModel, Tensor, Tensor], tuple[Tensor, Tensor]],
+    streams: list[torch.cuda.Stream | None],
+    options: _Options,
 ) -> None:
-    main = torch.cuda.current_stream(device) if streams else None
+    devices = [env.device for env in envs]
     for x_cpu, y_cpu in batches:
-        x = x_cpu.to(device, non_blocking=True)
-        y = y_cpu.to(device, non_blocking=True)
-        shares = zip(x.tensor_split(len(envs)), y.tensor_split(len(envs)), strict=True)
-        for i, (env, acc, (xe, ye)) in enumerate(zip(envs, accs, shares, strict=True)):
+        # One copy of the batch per device the envs live on (round-robin placement).
+        copies = {
+            d: (x_cpu.to(d, non_blocking=True), y_cpu.to(d, non_blocking=True))
+            for d in set(devices)
+        }
+        for i, (env, acc) in enumerate(zip(envs, accs, strict=True)):
+            x, y = copies[env.device]
+            xe, ye = x.tensor_split(len(envs))[i], y.tensor_split(len(envs))[i]
             if xe.shape[0] == 0 or acc.skipped:
                 continue
             try:
-                with _on_stream(streams, i, main, (xe, ye)):
-                    _train_step(env, acc, xe, ye, forward_loss)
+                with _on_stream(streams[i], env.device, (xe, ye)):
+                    _train_step(env, acc, xe, ye, options)
             except torch.OutOfMemoryError as exc:
-                if on_oom == "raise":
+                if options.on_oom == "raise":
                     raise HostOutOfMemoryError(
                         f"env {i} ran out of device memory while training its host on a "
                         f"share of {xe.shape[0]} samples; lower data.batch_size or "
@@ -195,11 +234,11 @@ def _train_batches(
                     ) from exc
                 acc.skipped = True
                 env.zero_grad()
-                if device.type == "cuda":
+                if env.device.type == "cuda":
                     torch.cuda.empty_cache()
-    if streams:
-        for stream in streams:
-            main.wait_stream(stream)  # type: ignore[union-attr]
+    for env, stream in zip(envs, streams, strict=True):
+        if stream is not None:
+            torch.cuda.current_stream(env.device).wait_stream(stream)
 
 
 def _forward_loss(model: HostModel, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
@@ -230,19 +269,31 @@ def compiled_forward_loss() -> Callable[[HostModel, Tensor, Tensor], tuple[Tenso
 
 
 def _train_step(
-    env: GrowingHost,
-    acc: _EnvAccumulator,
-    x: Tensor,
-    y: Tensor,
-    forward_loss: Callable[[HostModel, Tensor, Tensor], tuple[Tensor, Tensor]] = _forward_loss,
+    env: GrowingHost, acc: _EnvAccumulator, x: Tensor, y: Tensor, options: _Options
 ) -> None:
     env.zero_grad()
     env.model.check_input(x)  # host-side shape check, outside any compiled graph
-    loss, correct = forward_loss(env.model, x, y)
+    with torch.autocast(
+        env.device.type, dtype=options.amp_dtype, enabled=options.amp_dtype is not None
+    ):
+        loss, correct = options.forward_loss(env.model, x, y)
     count = y.numel()
-    loss.backward()
-    _update_grad_flags(env, acc.grads_finite)
-    env.step()
+    scaler = options.scalers.get(env.device) if options.scalers is not None else None
+    if scaler is None:
+        loss.backward()
+        _update_grad_flags(env, acc.grads_finite)
+        env.step()
+    else:
+        # fp16: one GradScaler per device. Its step() reads the overflow flag on the host
+        # (torch's design); bf16 needs no scaler and reads nothing.
+        scaler.scale(loss).backward()
+        optimizers = [env.host_optimizer, *env.seed_optimizers.values()]
+        for opt in optimizers:
+            scaler.unscale_(opt)
+        _update_grad_flags(env, acc.grads_finite)
+        for opt in optimizers:
+            scaler.step(opt)
+        scaler.update()
     loss = loss.detach()
     acc.loss_sum.add_(loss * count)
     acc.correct.add_(correct)
@@ -266,17 +317,23 @@ def _update_grad_flags(env: GrowingHost, flags: Tensor) -> None:
 def _validate(
     envs: Sequence[GrowingHost], batches: Iterable[tuple[Tensor, Tensor]], device: torch.device
 ) -> tuple[Tensor, Tensor, Tensor]:
-    plans = [_CounterfactualPlan(env, device) for env in envs]
-    loss_sums = [torch.zeros(p.replicas, device=device) for p in plans]
-    corrects = [torch.zeros(p.replicas, device=device, dtype=torch.long) for p in plans]
+    plans = [_CounterfactualPlan(env, env.device) for env in envs]
+    loss_sums = [torch.zeros(p.replicas, device=e.device) for p, e in zip(plans, envs, strict=True)]
+    corrects = [
+        torch.zeros(p.replicas, device=e.device, dtype=torch.long)
+        for p, e in zip(plans, envs, strict=True)
+    ]
+    devices = {env.device for env in envs}
     seen = 0
     for env in envs:
         env.model.eval()
     try:
         for x_cpu, y_cpu in batches:
-            x = x_cpu.to(device, non_blocking=True)
-            y = y_cpu.to(device, non_blocking=True)
+            copies = {
+                d: (x_cpu.to(d, non_blocking=True), y_cpu.to(d, non_blocking=True)) for d in devices
+            }
             for env, plan, loss_sum, correct in zip(envs, plans, loss_sums, corrects, strict=True):
+                x, y = copies[env.device]
                 r = plan.replicas
                 stacked = x.unsqueeze(0).expand(r, *x.shape).reshape(r * x.shape[0], *x.shape[1:])
                 outputs = env.model(stacked)
@@ -290,8 +347,8 @@ def _validate(
             env.model.train()
     if seen == 0:
         raise ValueError("the validation loader yielded no samples; it must not be empty")
-    val_loss = torch.stack([s[0] for s in loss_sums]) / seen
-    accuracies = [c / seen for c in corrects]
+    val_loss = torch.stack([s[0].to(device, non_blocking=True) for s in loss_sums]) / seen
+    accuracies = [(c / seen).to(device, non_blocking=True) for c in corrects]
     val_acc = torch.stack([a[0] for a in accuracies])
     # Integer indexing makes views: building [E, S] this way needs no index tensor upload.
     cf_acc = torch.stack(
@@ -330,29 +387,28 @@ class _CounterfactualPlan:
 
 
 # ------------------------------------------------------------------------- streams
-def _env_streams(n_envs: int, device: torch.device) -> list[torch.cuda.Stream]:
-    """One side stream per env on CUDA, none elsewhere."""
-    if device.type != "cuda":
-        return []
-    main = torch.cuda.current_stream(device)
-    streams = [torch.cuda.Stream(device) for _ in range(n_envs)]
-    for stream in streams:
-        stream.wait_stream(main)  # the env's weights were last touched on the main stream
+def _env_streams(envs: Sequence[GrowingHost]) -> list[torch.cuda.Stream | None]:
+    """A side stream per env on its CUDA device; None for envs elsewhere."""
+    streams: list[torch.cuda.Stream | None] = []
+    for env in envs:
+        if env.device.type != "cuda":
+            streams.append(None)
+            continue
+        stream = torch.cuda.Stream(env.device)
+        # The env's weights were last touched on its device's main stream.
+        stream.wait_stream(torch.cuda.current_stream(env.device))
+        streams.append(stream)
     return streams
 
 
 @contextlib.contextmanager
 def _on_stream(
-    streams: list[torch.cuda.Stream],
-    index: int,
-    main: torch.cuda.Stream | None,
-    inputs: tuple[Tensor, ...],
+    stream: torch.cuda.Stream | None, device: torch.device, inputs: tuple[Tensor, ...]
 ) -> Iterator[None]:
-    if not streams:
+    if stream is None:
         yield
         return
-    stream = streams[index]
-    stream.wait_stream(main)  # type: ignore[arg-type]  # the batch was copied on main
+    stream.wait_stream(torch.cuda.current_stream(device))  # the batch was copied on main
     for t in inputs:
         t.record_stream(stream)  # keep the batch's memory alive until this stream is done
     with torch.cuda.stream(stream):
