@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from esper import __version__
@@ -36,6 +37,9 @@ def _plugins(_: argparse.Namespace) -> int:
             print(f"  {name:<14} {registry.entry(name).source}")
     return 0
 
+
+#: Episodes per controller for ``esper evaluate``: enough for a standard error.
+DEFAULT_EVAL_EPISODES = 8
 
 #: Callbacks ``esper fit`` enables by registry name unless ``--callbacks`` says otherwise.
 DEFAULT_CALLBACKS: tuple[str, ...] = ("telemetry", "governor", "last_checkpoint", "best_checkpoint")
@@ -123,6 +127,19 @@ def format_summary(module: object) -> str:
     return "\n".join(lines)
 
 
+def _evaluate(args: argparse.Namespace) -> int:
+    from esper.simic.evaluate import evaluate
+
+    ckpt = Path(args.ckpt)
+    out = Path(args.out) if args.out else ckpt.resolve().parent.parent / "evaluation"
+    result = evaluate(ckpt, episodes=args.episodes, seed=args.seed, device=args.device)
+    print(f"esper evaluate: {args.episodes} episode(s) per controller, seed {args.seed}, {ckpt}")
+    print(result.table())
+    for kind, path in result.write(out).items():
+        print(f"  {kind:<4} {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="esper", description="Train networks that grow, steered by a PPO policy."
@@ -134,6 +151,16 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "fit", help="train the growth policy (LightningCLI; `esper fit --help` for options)"
     )
+    ev = commands.add_parser(
+        "evaluate",
+        help="compare the learned policy with the heuristic, random and no-growth controllers",
+    )
+    ev.add_argument("--ckpt", required=True, help="a checkpoint written by esper fit")
+    ev.add_argument("--episodes", type=int, default=DEFAULT_EVAL_EPISODES)
+    ev.add_argument("--seed", type=int, default=0, help="evaluation seed (never used in training)")
+    ev.add_argument("--device", default="cpu")
+    ev.add_argument("--out", default=None, help="output folder (default: <run dir>/evaluation)")
+    ev.set_defaults(run=_evaluate)
     return parser
 
 

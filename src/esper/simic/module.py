@@ -44,6 +44,8 @@ RANK_SEED_STRIDE = 1_000_003
 
 #: Checkpoint key holding what is needed to rebuild the policy before its weights load.
 SPEC_KEY = "esper_policy_spec"
+#: Checkpoint key naming the host data module and its arguments, for evaluation.
+DATA_KEY = "esper_data"
 #: Checkpoint key holding the random states and generators an exact resume needs.
 RUN_STATE_KEY = "esper_run_state"
 
@@ -330,6 +332,11 @@ class PPOModule(LightningModule):
             "slot_ids": list(schema.slot_ids),
             "blueprint_names": list(schema.blueprint_names),
             "blend_modes": [int(m) for m in schema.blend_modes],
+        }
+        datamodule = self.env.datamodule
+        checkpoint[DATA_KEY] = {
+            "class_path": f"{type(datamodule).__module__}.{type(datamodule).__qualname__}",
+            "init_args": dict(getattr(datamodule, "init_args", {})),
         }
         checkpoint[RUN_STATE_KEY] = {
             "ppo_generator": self._generator.get_state(),

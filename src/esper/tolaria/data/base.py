@@ -7,10 +7,12 @@ check that the train split holds at least one full batch.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import numbers
 from abc import ABC, abstractmethod
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -77,6 +79,27 @@ class _RolloutTicks(Dataset[int]):
 
 
 class HostDataModule(LightningDataModule, ABC):
+    #: The keyword arguments the module was built with (filled in by ``__init_subclass__``),
+    #: so a checkpoint can say which data it was trained on and evaluation can rebuild it.
+    init_args: dict[str, Any]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            return
+        signature = inspect.signature(init)
+
+        @functools.wraps(init)
+        def recording_init(self: HostDataModule, *args: Any, **kw: Any) -> None:
+            if "init_args" not in self.__dict__:  # the most derived class records
+                bound = signature.bind(self, *args, **kw)
+                bound.apply_defaults()
+                self.init_args = {k: v for k, v in bound.arguments.items() if k != "self"}
+            init(self, *args, **kw)
+
+        cls.__init__ = recording_init  # type: ignore[method-assign]
+
     """Base for the data a host network trains on.
 
     Subclasses only build two ``TensorDataset``s; the loaders, the seeding and the

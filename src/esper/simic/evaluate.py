@@ -1,0 +1,224 @@
+"""Does growth pay off? Run fresh hosts under four controllers and compare them.
+
+The learned policy (deterministic) is set against the heuristic controller, a random
+legal controller and no growth (WAIT only). Every controller gets the same hosts at the
+start (one seed, never used in training), the same data order and the same parameter
+budget; ``episodes`` episodes run side by side as that many envs.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import inspect
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from esper.callbacks.checkpoint import CheckpointError, EsperCheckpointIO
+from esper.contracts.rollout import StepBatch
+from esper.simic.buffer import RolloutBuffer
+from esper.simic.env import MorphogeneticVecEnv
+from esper.simic.module import DATA_KEY, PPOModule
+from esper.simic.rollout import Controller, RolloutCollector
+from esper.tamiyo.baselines import STATE_SHAPE, NoGrowthController, RandomLegalController
+from esper.tamiyo.heuristic import HeuristicController
+from esper.tolaria.data.base import HostDataModule
+
+#: Evaluation seeds start here, far from the rollout indices training used as seeds.
+EVAL_SEED_BASE = 1_000_000_007
+CONTROLLERS: tuple[str, ...] = ("learned", "heuristic", "random", "no_growth")
+#: Columns of the table, CSV and JSON, in order.
+COLUMNS: tuple[str, ...] = (
+    "controller",
+    "episodes",
+    "final_val_acc_mean",
+    "final_val_acc_std",
+    "params_added_mean",
+    "seeds_germinated_mean",
+    "seeds_fossilized_mean",
+    "seeds_pruned_mean",
+    "return_mean",
+    "wall_s",
+)
+
+
+@dataclass(frozen=True)
+class ControllerResult:
+    """One controller's figures over the evaluation episodes (means over episodes)."""
+
+    controller: str
+    episodes: int
+    final_val_acc_mean: float
+    final_val_acc_std: float
+    params_added_mean: float
+    seeds_germinated_mean: float
+    seeds_fossilized_mean: float
+    seeds_pruned_mean: float
+    return_mean: float
+    wall_s: float
+    final_val_acc: tuple[float, ...]
+
+
+@dataclass
+class Evaluation:
+    results: list[ControllerResult]
+    steps: dict[str, list[StepBatch]]
+    slot_ids: tuple[str, ...]
+
+    def table(self) -> str:
+        header = (
+            f"{'controller':<10} {'final val acc':>17} {'params':>9} {'germ':>5} {'foss':>5} "
+            f"{'prune':>5} {'return':>8} {'wall s':>7}"
+        )
+        lines = [header, "-" * len(header)]
+        for r in self.results:
+            lines.append(
+                f"{r.controller:<10} {r.final_val_acc_mean:>8.4f} ± {r.final_val_acc_std:<6.4f} "
+                f"{r.params_added_mean:>9.0f} {r.seeds_germinated_mean:>5.2f} "
+                f"{r.seeds_fossilized_mean:>5.2f} {r.seeds_pruned_mean:>5.2f} "
+                f"{r.return_mean:>+8.4f} {r.wall_s:>7.1f}"
+            )
+        return "\n".join(lines)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [{k: asdict(r)[k] for k in COLUMNS} for r in self.results]
+
+    def write(self, out_dir: Path) -> dict[str, Path]:
+        """``evaluation.csv`` and ``evaluation.json`` (rows plus per-episode accuracies)."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        paths = {"csv": out_dir / "evaluation.csv", "json": out_dir / "evaluation.json"}
+        with paths["csv"].open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerows(self.rows())
+        payload = {
+            "rows": self.rows(),
+            "final_val_acc": {r.controller: list(r.final_val_acc) for r in self.results},
+        }
+        paths["json"].write_text(json.dumps(payload, indent=2))
+        return paths
+
+
+def load_datamodule(checkpoint: dict[str, Any], path: Path) -> HostDataModule:
+    """Rebuild the host data module a checkpoint was trained on."""
+    spec = checkpoint.get(DATA_KEY)
+    if spec is None:
+        raise CheckpointError(
+            f"checkpoint {path} does not name its data module (no {DATA_KEY!r}); it was "
+            "written by an older esper: pass the data module to evaluate() yourself"
+        )
+    module_name, _, class_name = spec["class_path"].rpartition(".")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    return cls(**spec["init_args"])
+
+
+def load_module(path: Path) -> tuple[PPOModule, dict[str, Any]]:
+    """A PPOModule with the checkpoint's hyperparameters, policy and normaliser."""
+    checkpoint = EsperCheckpointIO().load_checkpoint(path)
+    accepted = inspect.signature(PPOModule.__init__).parameters
+    # LightningCLI adds its own entries (e.g. "_instantiator") beside the module's arguments.
+    hparams = {k: v for k, v in checkpoint.get("hyper_parameters", {}).items() if k in accepted}
+    module = PPOModule(**hparams)
+    module.on_load_checkpoint(checkpoint)
+    module.load_state_dict(checkpoint["state_dict"])
+    return module, checkpoint
+
+
+def evaluate(
+    ckpt: Path | str,
+    episodes: int = 8,
+    seed: int = 0,
+    device: str = "cpu",
+    datamodule: HostDataModule | None = None,
+    controllers: tuple[str, ...] = CONTROLLERS,
+) -> Evaluation:
+    """Run ``episodes`` fresh episodes under each controller; see the module docstring."""
+    if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
+        raise ValueError(f"episodes must be an int >= 1, got {episodes!r}")
+    unknown = [c for c in controllers if c not in CONTROLLERS]
+    if unknown:
+        raise ValueError(f"unknown controllers {unknown}; choose from {list(CONTROLLERS)}")
+    path = Path(ckpt)
+    module, checkpoint = load_module(path)
+    data = datamodule or load_datamodule(checkpoint, path)
+    config = replace(module.env_config, n_envs=episodes, devices=None)
+    assert module.policy is not None and module.normalizer is not None
+    policy = module.policy.to(device).eval()
+    normalizer = module.normalizer.to(device)
+    eval_seed = EVAL_SEED_BASE + seed
+
+    results, all_steps = [], {}
+    slot_ids: tuple[str, ...] = ()
+    for name in controllers:
+        torch.manual_seed(eval_seed)  # the same initial hosts for every controller
+        env = MorphogeneticVecEnv(config, data, device)
+        env.reseed_data(eval_seed)
+        slot_ids = env.slot_ids
+        controller, state_shape = _controller(name, policy, env, normalizer)
+        buffer = RolloutBuffer(
+            episodes, env.decisions_per_episode, env.layout.dim, env.schema, state_shape, device
+        )
+        collector = RolloutCollector(
+            env,
+            controller,
+            normalizer,
+            buffer,
+            module.ppo_config.gamma,
+            module.ppo_config.gae_lambda,
+        )
+        collector.seed_offset = eval_seed  # seeds planted from generators training never used
+        collector.seed_stride = 0
+        steps: list[StepBatch] = []
+        normalizer_state = {k: v.clone() for k, v in normalizer.state_dict().items()}
+        start = time.perf_counter()
+        _, summary = collector.collect(0, on_step=steps.append, deterministic=True)
+        wall = time.perf_counter() - start
+        normalizer.load_state_dict(normalizer_state)  # evaluation must not learn
+        acc = summary.final_val_acc.astype(float)
+        results.append(
+            ControllerResult(
+                controller=name,
+                episodes=episodes,
+                final_val_acc_mean=float(acc.mean()),
+                final_val_acc_std=float(acc.std(ddof=1)) if episodes > 1 else 0.0,
+                params_added_mean=float(summary.params_added.mean()),
+                seeds_germinated_mean=float(summary.seeds_germinated.mean()),
+                seeds_fossilized_mean=float(summary.seeds_fossilized.mean()),
+                seeds_pruned_mean=float(summary.seeds_pruned.mean()),
+                return_mean=float(summary.episode_return.mean()),
+                wall_s=wall,
+                final_val_acc=tuple(acc.tolist()),
+            )
+        )
+        all_steps[name] = steps
+    return Evaluation(results, all_steps, slot_ids)
+
+
+def _controller(
+    name: str, policy: torch.nn.Module, env: MorphogeneticVecEnv, normalizer: Any
+) -> tuple[Controller, tuple[int, int]]:
+    if name == "learned":
+        config = policy.config  # type: ignore[attr-defined]
+        return policy, (config.lstm_layers, config.hidden_size)  # type: ignore[return-value]
+    builders: dict[str, Callable[[], Any]] = {
+        "heuristic": lambda: HeuristicController(env.layout, env.schema, normalizer=normalizer),
+        "random": RandomLegalController,
+        "no_growth": NoGrowthController,
+    }
+    return builders[name]().to(env.device), STATE_SHAPE
+
+
+def standard_error_of_difference(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, float]:
+    """Mean of ``a - b`` and its standard error, for paired episodes (same seeds)."""
+    diff = np.asarray(a) - np.asarray(b)
+    if diff.size < 2:
+        return float(diff.mean()), math.nan
+    return float(diff.mean()), float(diff.std(ddof=1) / math.sqrt(diff.size))

@@ -1,0 +1,80 @@
+"""`esper evaluate`: four controllers on fresh hosts; table, CSV and JSON agree."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from esper.cli import main
+from esper.simic.evaluate import CONTROLLERS, evaluate, standard_error_of_difference
+from tests.test_cli import TINY_CONFIG
+
+EPISODES = 3
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("run")
+    config = root / "tiny.yaml"
+    config.write_text(TINY_CONFIG.replace("max_epochs: 2", "max_epochs: 1"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sys.argv", ["esper"])
+        assert main(["fit", "--config", str(config), "--trainer.default_root_dir", str(root)]) == 0
+    return root / "checkpoints" / "last.ckpt"
+
+
+@pytest.mark.slow
+def test_table_csv_and_json_agree_and_cover_all_four_controllers(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "eval"
+    assert (
+        main(
+            ["evaluate", "--ckpt", str(checkpoint), "--episodes", str(EPISODES), "--out", str(out)]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    table = {
+        line.split()[0]: line.split()
+        for line in printed.splitlines()
+        if line.split() and line.split()[0] in CONTROLLERS
+    }
+    with (out / "evaluation.csv").open() as f:
+        rows = {row["controller"]: row for row in csv.DictReader(f)}
+    payload = json.loads((out / "evaluation.json").read_text())
+    by_json = {row["controller"]: row for row in payload["rows"]}
+    assert set(table) == set(rows) == set(by_json) == set(CONTROLLERS)
+    for name in CONTROLLERS:
+        acc = float(rows[name]["final_val_acc_mean"])
+        assert acc == pytest.approx(by_json[name]["final_val_acc_mean"])
+        assert float(table[name][1]) == pytest.approx(acc, abs=1e-4)  # as printed
+        assert int(rows[name]["episodes"]) == EPISODES
+        assert len(payload["final_val_acc"][name]) == EPISODES
+    assert float(rows["no_growth"]["params_added_mean"]) == 0.0
+    assert float(rows["no_growth"]["seeds_germinated_mean"]) == 0.0
+
+
+@pytest.mark.slow
+def test_every_controller_starts_from_the_same_hosts_and_growth_is_legal(checkpoint: Path) -> None:
+    result = evaluate(checkpoint, episodes=2, controllers=("random", "no_growth"))
+    first = {name: steps[0].val_acc.tolist() for name, steps in result.steps.items()}
+    assert first["random"] == first["no_growth"]  # same initial hosts, same first epoch
+    for steps in result.steps.values():
+        assert not any(s.illegal.any() for s in steps)
+
+
+def test_paired_difference_has_a_standard_error() -> None:
+    mean, se = standard_error_of_difference((0.9, 0.8, 0.85), (0.8, 0.8, 0.8))
+    assert mean == pytest.approx(0.05)
+    assert se == pytest.approx(0.0288675, rel=1e-4)
+
+
+def test_bad_arguments_are_refused(checkpoint: Path) -> None:
+    with pytest.raises(ValueError, match="episodes"):
+        evaluate(checkpoint, episodes=0)
+    with pytest.raises(ValueError, match="unknown controllers"):
+        evaluate(checkpoint, controllers=("oracle",))
