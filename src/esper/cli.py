@@ -63,6 +63,7 @@ def fit(argv: Sequence[str] | None = None) -> int:
 
     from esper.callbacks import CALLBACKS
     from esper.simic.module import PPOModule
+    from esper.simic.validation import ConfigError, config_error_from
     from esper.tolaria.data import HostDataModule
 
     class EsperCLI(LightningCLI):
@@ -79,6 +80,15 @@ def fit(argv: Sequence[str] | None = None) -> int:
                 ),
             )
 
+        def instantiate_classes(self) -> None:
+            try:
+                super().instantiate_classes()
+            except (ValueError, TypeError) as exc:
+                error = config_error_from(exc)
+                if error is None:
+                    raise
+                raise error from exc
+
         def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
             names = self._get(self.config_init, "callbacks") or []
             unknown = [n for n in names if n not in CALLBACKS]
@@ -90,15 +100,19 @@ def fit(argv: Sequence[str] | None = None) -> int:
             named = [CALLBACKS.get(name)() for name in names]
             return super()._instantiate_trainer(config, [*callbacks, *named])
 
-    cli = EsperCLI(
-        PPOModule,
-        HostDataModule,
-        subclass_mode_data=True,
-        trainer_defaults=FIT_TRAINER_DEFAULTS,
-        seed_everything_default=0,
-        args=None if argv is None else ["fit", *argv],
-        parser_kwargs={"prog": "esper"},
-    )
+    try:
+        cli = EsperCLI(
+            PPOModule,
+            HostDataModule,
+            subclass_mode_data=True,
+            trainer_defaults=FIT_TRAINER_DEFAULTS,
+            seed_everything_default=0,
+            args=None if argv is None else ["fit", *argv],
+            parser_kwargs={"prog": "esper"},
+        )
+    except ConfigError as exc:  # from parsing, or from PPOModule.setup
+        print(f"esper fit: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
     print(format_summary(cli.model))
     return 0
 

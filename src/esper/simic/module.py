@@ -31,6 +31,7 @@ from esper.simic.ppo import PPOConfig, make_optimizer, ppo_update
 from esper.simic.rewards import RewardConfig
 from esper.simic.rng import capture_rng_state, restore_rng_state
 from esper.simic.rollout import RolloutCollector, read_packed
+from esper.simic.validation import validate_run
 from esper.tamiyo.policy import PolicyConfig, PolicyNetwork
 from esper.tolaria.data.base import HostDataModule
 
@@ -151,17 +152,13 @@ class PPOModule(LightningModule):
                 "PPOModule needs a HostDataModule (e.g. esper.tolaria.data.DigitsDataModule) "
                 f"passed as Trainer.fit(..., datamodule=...), got {type(datamodule).__name__}"
             )
+        validate_run(self, datamodule, self.trainer.world_size)
         strategy = self.trainer.strategy
         if type(strategy.checkpoint_io) is TorchCheckpointIO:
             # Same format, but atomic writes and load errors that name the file.
             strategy.checkpoint_io = EsperCheckpointIO()
         device = strategy.root_device
         world, rank = self.trainer.world_size, self.trainer.global_rank
-        if self.env_config.n_envs % world:
-            raise ValueError(
-                f"model.n_envs={self.env_config.n_envs} must divide evenly across the "
-                f"{world} ranks; use a multiple of {world}"
-            )
         env_config = replace(self.env_config, n_envs=self.env_config.n_envs // world)
         if world > 1:
             # Every rank was seeded alike; shift this rank's streams so its env group

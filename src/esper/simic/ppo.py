@@ -23,6 +23,8 @@ algorithm. What is specific to Esper:
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import NamedTuple
@@ -70,26 +72,45 @@ class PPOConfig:
     advantage_norm_eps: float = 1e-8
 
     def __post_init__(self) -> None:
-        positive = ("lr", "clip_coef", "max_grad_norm", "adam_eps", "advantage_norm_eps")
-        for name in positive:
-            if not getattr(self, name) > 0:
-                raise ValueError(f"PPOConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("lr", "clip_coef", "max_grad_norm", "adam_eps", "advantage_norm_eps"):
+            if not _finite_at_least(getattr(self, name), 0.0, strict=True):
+                raise ValueError(
+                    f"PPOConfig.{name} must be a finite number > 0, got {getattr(self, name)!r}"
+                )
         for name in ("value_clip_coef", "target_kl"):
             value = getattr(self, name)
-            if value is not None and not value > 0:
+            if value is not None and not _finite_at_least(value, 0.0, strict=True):
                 raise ValueError(
-                    f"PPOConfig.{name} must be > 0, or None to disable it; got {value!r}"
+                    f"PPOConfig.{name} must be a finite number > 0, or None (null) to disable "
+                    f"it; got {value!r}"
                 )
         for name in ("vf_coef", "ent_coef"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"PPOConfig.{name} must be >= 0, got {getattr(self, name)!r}")
+            if not _finite_at_least(getattr(self, name), 0.0, strict=False):
+                raise ValueError(
+                    f"PPOConfig.{name} must be a finite number >= 0, got {getattr(self, name)!r}"
+                )
         for name in ("update_epochs", "n_minibatches"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"PPOConfig.{name} must be an int >= 1, got {value!r}")
         for name in ("gamma", "gae_lambda"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"PPOConfig.{name} must be in [0, 1], got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not _finite_at_least(value, 0.0, strict=False) or value > 1.0:
+                raise ValueError(f"PPOConfig.{name} must be a number in [0, 1], got {value!r}")
+        if not isinstance(self.normalize_advantages, bool):
+            raise ValueError(
+                "PPOConfig.normalize_advantages must be true or false, "
+                f"got {self.normalize_advantages!r}"
+            )
+
+
+def _finite_at_least(value: object, minimum: float, *, strict: bool) -> bool:
+    """A real number (not a bool), finite, and above ``minimum`` (or equal, unless strict)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    if not math.isfinite(value):
+        return False
+    return value > minimum if strict else value >= minimum
 
 
 @dataclass(frozen=True)
