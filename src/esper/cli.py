@@ -42,7 +42,13 @@ def _plugins(_: argparse.Namespace) -> int:
 DEFAULT_EVAL_EPISODES = 8
 
 #: Callbacks ``esper fit`` enables by registry name unless ``--callbacks`` says otherwise.
-DEFAULT_CALLBACKS: tuple[str, ...] = ("telemetry", "governor", "last_checkpoint", "best_checkpoint")
+DEFAULT_CALLBACKS: tuple[str, ...] = (
+    "telemetry",
+    "governor",
+    "timeline",
+    "last_checkpoint",
+    "best_checkpoint",
+)
 
 #: Defaults for ``esper fit`` with no arguments: a short run on the embedded digits data.
 DEFAULT_DATA = "esper.tolaria.data.DigitsDataModule"
@@ -151,6 +157,21 @@ def _evaluate(args: argparse.Namespace) -> int:
     print(result.table())
     for kind, path in result.write(out).items():
         print(f"  {kind:<4} {path}")
+    timelines = result.write_timelines(out / "timelines")
+    print(f"  {len(timelines)} timeline pictures in {out / 'timelines'}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from esper.report import report
+
+    try:
+        written = report(args.run_dir)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"esper report: error: {exc}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(path)
     return 0
 
 
@@ -175,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", default="cpu")
     ev.add_argument("--out", default=None, help="output folder (default: <run dir>/evaluation)")
     ev.set_defaults(run=_evaluate)
+    rep = commands.add_parser(
+        "report", help="draw learning_curve.png beside each events.jsonl under a run directory"
+    )
+    rep.add_argument("run_dir", type=Path, help="the run's folder (e.g. its default_root_dir)")
+    rep.set_defaults(run=_report)
     return parser
 
 

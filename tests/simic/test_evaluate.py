@@ -78,3 +78,29 @@ def test_bad_arguments_are_refused(checkpoint: Path) -> None:
         evaluate(checkpoint, episodes=0)
     with pytest.raises(ValueError, match="unknown controllers"):
         evaluate(checkpoint, controllers=("oracle",))
+
+
+@pytest.mark.slow
+def test_evaluate_and_report_write_pictures_of_the_stated_size(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    from matplotlib.image import imread
+
+    from esper.report.curves import LEARNING_CURVE_SIZE
+    from esper.report.timeline import TIMELINE_SIZE
+
+    out = tmp_path / "eval"
+    assert main(["evaluate", "--ckpt", str(checkpoint), "--episodes", "2", "--out", str(out)]) == 0
+    pictures = sorted((out / "timelines").glob("*.png"))
+    assert len(pictures) == 2 * len(CONTROLLERS)
+    for picture in pictures:
+        image = imread(picture)
+        assert image.shape[:2] == (TIMELINE_SIZE[1], TIMELINE_SIZE[0])
+        assert image.std() > 0  # not a blank canvas
+
+    run_dir = checkpoint.parent.parent
+    assert main(["report", str(run_dir)]) == 0
+    curve = next(run_dir.rglob("learning_curve.png"))
+    image = imread(curve)
+    assert image.shape[:2] == (LEARNING_CURVE_SIZE[1], LEARNING_CURVE_SIZE[0])
+    assert image.std() > 0

@@ -12,6 +12,7 @@ from esper.callbacks.base import EsperCallback
 from esper.callbacks.checkpoint import BestPolicyCheckpoint, EsperCheckpoint
 from esper.callbacks.governor import GovernorCallback
 from esper.callbacks.telemetry import TelemetryCallback
+from esper.callbacks.timeline import TimelineCallback
 from esper.plugins import Registry
 
 
@@ -32,6 +33,7 @@ CALLBACKS.register("telemetry", TelemetryCallback)
 CALLBACKS.register("governor", GovernorCallback)
 CALLBACKS.register("last_checkpoint", EsperCheckpoint)
 CALLBACKS.register("best_checkpoint", BestPolicyCheckpoint)
+CALLBACKS.register("timeline", TimelineCallback)
 
 __all__ = [
     "CALLBACKS",
@@ -40,4 +42,5 @@ __all__ = [
     "EsperCheckpoint",
     "GovernorCallback",
     "TelemetryCallback",
+    "TimelineCallback",
 ]

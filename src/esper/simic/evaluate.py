@@ -91,6 +91,18 @@ class Evaluation:
     def rows(self) -> list[dict[str, Any]]:
         return [{k: asdict(r)[k] for k in COLUMNS} for r in self.results]
 
+    def write_timelines(self, out_dir: Path) -> list[Path]:
+        """One lifecycle timeline PNG per controller and episode."""
+        from esper.report.timeline import render_timeline
+
+        written = []
+        for name, steps in self.steps.items():
+            for env in range(steps[0].n_envs if steps else 0):
+                path = out_dir / f"{name}_episode{env}.png"
+                render_timeline(steps, env, self.slot_ids, path=path)
+                written.append(path)
+        return written
+
     def write(self, out_dir: Path) -> dict[str, Path]:
         """``evaluation.csv`` and ``evaluation.json`` (rows plus per-episode accuracies)."""
         out_dir.mkdir(parents=True, exist_ok=True)

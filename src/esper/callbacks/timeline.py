@@ -1,0 +1,167 @@
+"""TimelineCallback: a picture of one env's episode every few PPO updates.
+
+Every ``every_n_updates`` rollouts (rollout index ``% every_n_updates == 0``, so the first
+one is drawn) the callback keeps that rollout's :class:`~esper.contracts.rollout.StepBatch`
+objects (host-side; a list append per step, nothing in the other rollouts) and at
+``on_rollout_end`` draws env ``env``'s timeline with
+:func:`esper.report.render_timeline`: seed stage per slot and host epoch, germinate /
+fossilize / prune markers, rollbacks, the host's accuracy. It is
+
+* logged to TensorBoard as the image ``timeline/env<env>`` at step = rollout index, when
+  the trainer has a ``TensorBoardLogger`` (skipped otherwise), and
+* saved as ``timeline_rollout<NNNN>.png`` in ``trainer.log_dir`` (``default_root_dir``
+  without a logger).
+
+Only global rank 0 draws (its own envs; ``env`` indexes them). Slot names come from the
+module's env (``pl_module.env.slot_ids``). Every hook reads host-side arrays only; no
+device tensor is touched, so the rollout stays sync-free. Drawing a 1000x600 timeline
+costs a fraction of a second per drawn rollout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from esper.callbacks.base import EsperCallback
+from esper.contracts.rollout import RolloutSummary, StepBatch
+
+if TYPE_CHECKING:
+    from lightning.pytorch import LightningModule, Trainer
+
+_STATE_VERSION = 1
+
+
+class TimelineCallback(EsperCallback):
+    """Draws env ``env``'s seed timeline every ``every_n_updates`` rollouts.
+
+    Args:
+        every_n_updates: draw rollouts whose index is a multiple of this (``1``: all).
+        env: which env of this rank to draw.
+    """
+
+    def __init__(self, every_n_updates: int = 10, env: int = 0) -> None:
+        super().__init__()
+        if isinstance(every_n_updates, bool) or not isinstance(every_n_updates, int):
+            raise TypeError(
+                f"TimelineCallback(every_n_updates={every_n_updates!r}) must be an int >= 1"
+            )
+        if every_n_updates < 1:
+            raise ValueError(
+                f"TimelineCallback(every_n_updates={every_n_updates}) must be >= 1 "
+                "(1 draws every rollout)"
+            )
+        if isinstance(env, bool) or not isinstance(env, int):
+            raise TypeError(f"TimelineCallback(env={env!r}) must be an int >= 0")
+        if env < 0:
+            raise ValueError(f"TimelineCallback(env={env}) must be >= 0 (an env index)")
+        self.every_n_updates = every_n_updates
+        self.env = env
+        #: The pictures written so far in this process.
+        self.written: list[Path] = []
+        self._enabled: bool | None = None
+        self._out_dir: Path | None = None
+        self._steps: list[StepBatch] = []
+
+    # ----------------------------------------------------------------- Lightning
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(every_n_updates=self.every_n_updates, env=self.env)
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # ``trainer.log_dir`` broadcasts from rank 0: every rank must ask for it.
+        log_dir = trainer.log_dir
+        self._out_dir = Path(log_dir if log_dir is not None else trainer.default_root_dir)
+        self._enabled = bool(trainer.is_global_zero)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._steps = []
+        self._enabled = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "version": _STATE_VERSION,
+            "every_n_updates": self.every_n_updates,
+            "env": self.env,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # Nothing to restore: the schedule follows the rollout index, and the config given
+        # to this instance wins over the one the checkpoint recorded.
+        version = state_dict.get("version")
+        if version != _STATE_VERSION:
+            raise ValueError(
+                f"TimelineCallback state has version {version!r}, this code reads "
+                f"{_STATE_VERSION}; resume with the esper version that wrote the checkpoint"
+            )
+
+    # ------------------------------------------------------------ rollout hooks
+    def draws(self, rollout: int) -> bool:
+        """Whether rollout ``rollout`` is drawn."""
+        return rollout % self.every_n_updates == 0
+
+    def on_rollout_start(self, trainer: Trainer, pl_module: LightningModule, rollout: int) -> None:
+        self._check_enabled()
+        self._steps = []
+
+    def on_env_step(self, trainer: Trainer, pl_module: LightningModule, step: StepBatch) -> None:
+        if self._check_enabled() and self.draws(step.rollout):
+            self._steps.append(step)
+
+    def on_rollout_end(
+        self, trainer: Trainer, pl_module: LightningModule, rollout: RolloutSummary
+    ) -> None:
+        if not self._check_enabled():
+            return
+        steps = [s for s in self._steps if s.rollout == rollout.rollout]
+        self._steps = []
+        if not steps or not self.draws(rollout.rollout):
+            return
+        n_envs = steps[0].n_envs
+        if self.env >= n_envs:
+            raise ValueError(
+                f"TimelineCallback(env={self.env}) but this rank's env holds {n_envs} envs "
+                f"(0..{n_envs - 1})"
+            )
+        from esper.report.timeline import render_timeline
+
+        assert self._out_dir is not None, "setup() sets the output folder"
+        path = self._out_dir / f"timeline_rollout{rollout.rollout:04d}.png"
+        image = render_timeline(steps, self.env, _slot_ids(pl_module), path=path)
+        self.written.append(path)
+        writer = _summary_writer(trainer)
+        if writer is not None:
+            writer.add_image(
+                f"timeline/env{self.env}", image, global_step=rollout.rollout, dataformats="HWC"
+            )
+
+    def _check_enabled(self) -> bool:
+        if self._enabled is None:
+            raise RuntimeError(
+                "TimelineCallback was not set up: pass it to Trainer(callbacks=[...]) so "
+                "Lightning calls its setup() before the rollout hooks"
+            )
+        return self._enabled
+
+
+def _slot_ids(pl_module: LightningModule) -> list[str]:
+    slot_ids = getattr(getattr(pl_module, "env", None), "slot_ids", None)
+    if slot_ids is None:
+        raise AttributeError(
+            f"TimelineCallback needs the slot names at pl_module.env.slot_ids; "
+            f"{type(pl_module).__name__} has none (use it with esper's PPOModule)"
+        )
+    return [str(s) for s in slot_ids]
+
+
+def _summary_writer(trainer: Trainer) -> Any:
+    """The experiment (SummaryWriter) of the trainer's first TensorBoardLogger, or None."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):
+            return logger.experiment
+    return None
+
+
+__all__ = ["TimelineCallback"]
