@@ -2,8 +2,9 @@
 
 The learned policy (deterministic) is set against the heuristic controller, a random
 legal controller and no growth (WAIT only). Every controller gets the same hosts at the
-start (one seed, never used in training), the same data order and the same parameter
-budget; ``episodes`` episodes run side by side as that many envs.
+start (seeds never used in training), the same data order and the same parameter
+budget. Episodes run in groups of the training run's ``n_envs`` side by side, so each
+host gets the same share of every batch as in training.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ class ControllerResult:
 @dataclass
 class Evaluation:
     results: list[ControllerResult]
-    steps: dict[str, list[StepBatch]]
+    #: Per controller, the step batches of each group of episodes run side by side.
+    steps: dict[str, list[list[StepBatch]]]
     slot_ids: tuple[str, ...]
 
     def table(self) -> str:
@@ -96,11 +98,17 @@ class Evaluation:
         from esper.report.timeline import render_timeline
 
         written = []
-        for name, steps in self.steps.items():
-            for env in range(steps[0].n_envs if steps else 0):
-                path = out_dir / f"{name}_episode{env}.png"
-                render_timeline(steps, env, self.slot_ids, path=path)
-                written.append(path)
+        for name, groups in self.steps.items():
+            episode = 0
+            episodes = next(r.episodes for r in self.results if r.controller == name)
+            for steps in groups:
+                for env in range(steps[0].n_envs if steps else 0):
+                    if episode >= episodes:
+                        break
+                    path = out_dir / f"{name}_episode{episode}.png"
+                    render_timeline(steps, env, self.slot_ids, path=path)
+                    written.append(path)
+                    episode += 1
         return written
 
     def write(self, out_dir: Path) -> dict[str, Path]:
@@ -161,7 +169,7 @@ def evaluate(
     path = Path(ckpt)
     module, checkpoint = load_module(path)
     data = datamodule or load_datamodule(checkpoint, path)
-    config = replace(module.env_config, n_envs=episodes, devices=None)
+    config = replace(module.env_config, devices=None)
     assert module.policy is not None and module.normalizer is not None
     policy = module.policy.to(device).eval()
     normalizer = module.normalizer.to(device)
@@ -169,48 +177,69 @@ def evaluate(
 
     results, all_steps = [], {}
     slot_ids: tuple[str, ...] = ()
+    group = config.n_envs  # as many envs side by side as in training: same data share each
+    groups = math.ceil(episodes / group)
     for name in controllers:
-        torch.manual_seed(eval_seed)  # the same initial hosts for every controller
-        env = MorphogeneticVecEnv(config, data, device)
-        env.reseed_data(eval_seed)
-        slot_ids = env.slot_ids
-        controller, state_shape = _controller(name, policy, env, normalizer)
-        buffer = RolloutBuffer(
-            episodes, env.decisions_per_episode, env.layout.dim, env.schema, state_shape, device
-        )
-        collector = RolloutCollector(
-            env,
-            controller,
-            normalizer,
-            buffer,
-            module.ppo_config.gamma,
-            module.ppo_config.gae_lambda,
-        )
-        collector.seed_offset = eval_seed  # seeds planted from generators training never used
-        collector.seed_stride = 0
-        steps: list[StepBatch] = []
-        normalizer_state = {k: v.clone() for k, v in normalizer.state_dict().items()}
-        start = time.perf_counter()
-        _, summary = collector.collect(0, on_step=steps.append, deterministic=True)
-        wall = time.perf_counter() - start
-        normalizer.load_state_dict(normalizer_state)  # evaluation must not learn
-        acc = summary.final_val_acc.astype(float)
+        parts: dict[str, list[np.ndarray]] = {}
+        steps_by_group: list[list[StepBatch]] = []
+        wall = 0.0
+        for g in range(groups):
+            seed_g = eval_seed + g
+            torch.manual_seed(seed_g)  # the same initial hosts for every controller
+            env = MorphogeneticVecEnv(config, data, device)
+            env.reseed_data(seed_g)
+            slot_ids = env.slot_ids
+            controller, state_shape = _controller(name, policy, env, normalizer)
+            buffer = RolloutBuffer(
+                group, env.decisions_per_episode, env.layout.dim, env.schema, state_shape, device
+            )
+            collector = RolloutCollector(
+                env,
+                controller,
+                normalizer,
+                buffer,
+                module.ppo_config.gamma,
+                module.ppo_config.gae_lambda,
+            )
+            collector.seed_offset = seed_g  # seeds planted from generators training never used
+            collector.seed_stride = 0
+            steps: list[StepBatch] = []
+            normalizer_state = {k: v.clone() for k, v in normalizer.state_dict().items()}
+            start = time.perf_counter()
+            _, summary = collector.collect(0, on_step=steps.append, deterministic=True)
+            wall += time.perf_counter() - start
+            normalizer.load_state_dict(normalizer_state)  # evaluation must not learn
+            keep = min(group, episodes - g * group)
+            for field_name in (
+                "final_val_acc",
+                "params_added",
+                "seeds_germinated",
+                "seeds_fossilized",
+                "seeds_pruned",
+                "episode_return",
+            ):
+                parts.setdefault(field_name, []).append(
+                    np.asarray(getattr(summary, field_name), dtype=float)[:keep]
+                )
+            steps_by_group.append(steps)
+        per_episode = {k: np.concatenate(v) for k, v in parts.items()}
+        acc = per_episode["final_val_acc"]
         results.append(
             ControllerResult(
                 controller=name,
                 episodes=episodes,
                 final_val_acc_mean=float(acc.mean()),
                 final_val_acc_std=float(acc.std(ddof=1)) if episodes > 1 else 0.0,
-                params_added_mean=float(summary.params_added.mean()),
-                seeds_germinated_mean=float(summary.seeds_germinated.mean()),
-                seeds_fossilized_mean=float(summary.seeds_fossilized.mean()),
-                seeds_pruned_mean=float(summary.seeds_pruned.mean()),
-                return_mean=float(summary.episode_return.mean()),
+                params_added_mean=float(per_episode["params_added"].mean()),
+                seeds_germinated_mean=float(per_episode["seeds_germinated"].mean()),
+                seeds_fossilized_mean=float(per_episode["seeds_fossilized"].mean()),
+                seeds_pruned_mean=float(per_episode["seeds_pruned"].mean()),
+                return_mean=float(per_episode["episode_return"].mean()),
                 wall_s=wall,
                 final_val_acc=tuple(acc.tolist()),
             )
         )
-        all_steps[name] = steps
+        all_steps[name] = steps_by_group
     return Evaluation(results, all_steps, slot_ids)
 
 
