@@ -58,7 +58,12 @@ GOOD = GateSignals(grads_finite=True, contribution=1.0)
 def _missing_build_tools() -> list[str]:
     """What ``pip install --no-build-isolation`` of a setuptools project lacks here."""
     missing = []
-    if importlib.util.find_spec("pip") is None:
+    # Ask the installed metadata, not the import system: on Python < 3.12 looking up the
+    # module "pip" makes setuptools' distutils shim fall back to the stdlib distutils for
+    # the rest of the process, and torch.compile's C++ build then fails in later tests.
+    try:
+        version("pip")
+    except PackageNotFoundError:
         missing.append("pip")
     try:
         setuptools_version = version("setuptools")
