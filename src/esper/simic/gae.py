@@ -1,8 +1,8 @@
 """Generalised advantage estimation for every env of a rollout at once, on the device.
 
 The rollout buffer holds ``[n_envs, T]`` tensors on the policy's device. Computing GAE
-there, for all envs in one reverse sweep over time, keeps the PPO update free of host
-reads and of a Python loop over envs (the earlier system looped per env, which cost a
+there, for all envs at once, keeps the PPO update free of host reads and of a Python
+loop over envs (the earlier system looped per env, which cost a
 kernel launch per env per step and a sync per bootstrap).
 
 How it is fast: the recursion ``A_t = delta_t + c_t * A_{t+1}`` is linear, so a stretch
@@ -11,8 +11,8 @@ trajectory as one matrix, a few thousand elements) are solved by one such produc
 with no loop at all. Larger ones are cut into chunks of about ``sqrt(T)`` steps: a short
 reverse sweep inside every chunk at once (all envs and chunks in each step), then a carry
 of about ``sqrt(T)`` steps from chunk to chunk, so a call costs about ``2 * sqrt(T)`` small
-kernels instead of ``T``. Every large buffer is written in place: on a CPU a fresh
-allocation of a few megabytes costs more than the arithmetic done in it.
+kernels instead of ``T``. The outputs double as work space and most steps run in place:
+on a CPU a fresh allocation of a few megabytes costs more than the arithmetic done in it.
 
 Two flags, because they mean different things:
 
