@@ -13,11 +13,10 @@ observation reports).
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 
 from esper.contracts import BlendMode, IllegalTransitionError, SeedStage, check_transition
+from esper.contracts.checks import is_finite_real
 from esper.contracts.stages import COOLDOWN_PATH, LIVE_STAGES, next_on_success_path
 from esper.kasmina.blending import blend_alpha
 
@@ -51,11 +50,7 @@ class LifecycleConfig:
                     f"LifecycleConfig.{name} must be an int >= {minimum}, got {value!r}"
                 )
         value = self.min_contribution
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, numbers.Real)
-            or not math.isfinite(value)
-        ):
+        if not is_finite_real(value):
             raise ValueError(
                 f"LifecycleConfig.min_contribution must be a finite number, got {self.min_contribution!r}"
             )

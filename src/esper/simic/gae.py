@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 
 import torch
 from torch import Tensor
+
+from esper.contracts.checks import is_finite_real
 
 #: Number of dimensions of every GAE input: ``[n_envs, T]``.
 _INPUT_NDIM = 2
@@ -44,12 +45,7 @@ DISCOUNT_MATRIX_MAX_ELEMENTS = 1 << 18
 
 def _check_rate(name: str, value: float) -> None:
     """Refuse a discount/trace parameter that is not a finite number in ``[0, 1]``."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Real)
-        or not math.isfinite(value)
-        or not 0.0 <= value <= 1.0
-    ):
+    if not is_finite_real(value) or not 0.0 <= value <= 1.0:
         raise ValueError(f"compute_gae: {name} must be a number in [0, 1], got {value!r}")
 
 

@@ -12,13 +12,13 @@ inputs do not drift between the rollout and its update.
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+
+from esper.contracts.checks import is_finite_real
 
 #: Dtype of the running statistics. The sample count outgrows float32's exact integers
 #: (2**24) after a few thousand rollouts, and the merge subtracts nearby means.
@@ -37,12 +37,7 @@ class NormalizerConfig:
     def __post_init__(self) -> None:
         for name in ("eps", "clip"):
             value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, numbers.Real)
-                or not math.isfinite(value)
-                or value <= 0
-            ):
+            if not is_finite_real(value) or value <= 0:
                 raise ValueError(
                     f"NormalizerConfig.{name} must be a finite number > 0, got {value!r}"
                 )

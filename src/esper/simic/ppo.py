@@ -23,8 +23,6 @@ algorithm. What is specific to Esper:
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import NamedTuple
@@ -32,6 +30,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from esper.contracts.checks import is_finite_real
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.policy import LSTMState, PolicyNetwork
 
@@ -106,9 +105,7 @@ class PPOConfig:
 
 def _finite_at_least(value: object, minimum: float, *, strict: bool) -> bool:
     """A real number (not a bool), finite, and above ``minimum`` (or equal, unless strict)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return False
-    if not math.isfinite(value):
+    if not is_finite_real(value):
         return False
     return value > minimum if strict else value >= minimum
 

@@ -41,8 +41,6 @@ fire. Without a normaliser, observations are taken as raw.
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -50,6 +48,7 @@ import torch
 from torch import Tensor, nn
 
 from esper.contracts import ActionSchema, BlendMode, LifecycleOp, ObservationLayout, SeedStage
+from esper.contracts.checks import is_finite_real
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.policy import ActResult, LSTMState
 
@@ -106,11 +105,7 @@ class HeuristicConfig:
     def __post_init__(self) -> None:
         for name in ("prune_threshold", "plateau_delta", "max_germinate_fraction"):
             value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, numbers.Real)
-                or not math.isfinite(value)
-            ):
+            if not is_finite_real(value):
                 raise ValueError(f"HeuristicConfig.{name} must be a finite number, got {value!r}")
         if self.prune_threshold < 0:
             raise ValueError(

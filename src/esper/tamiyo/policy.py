@@ -18,7 +18,6 @@ step's LSTM update, so the update replays exactly what the rollout computed.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from esper.contracts import ActionSchema
+from esper.contracts.checks import is_finite_real
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.distributions import MaskedCategorical
 
@@ -58,12 +58,7 @@ class PolicyConfig:
                 raise ValueError(f"PolicyConfig.{name} must be an int >= 1, got {value!r}")
         for name in ("hidden_init_gain", "policy_head_init_gain", "value_head_init_gain"):
             value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, numbers.Real)
-                or not math.isfinite(value)
-                or value <= 0
-            ):
+            if not is_finite_real(value) or value <= 0:
                 raise ValueError(f"PolicyConfig.{name} must be a finite number > 0, got {value!r}")
 
 

@@ -8,13 +8,14 @@ rather than one number so telemetry can show which term drives the policy.
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Protocol
 
 import numpy as np
+
+from esper.contracts.checks import is_finite_real
 
 #: dtype of every reward component: what the rollout buffer stores.
 REWARD_DTYPE = np.float32
@@ -120,12 +121,7 @@ class RewardInputs:
 
 
 def _check_weight(name: str, value: object) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Real)
-        or not math.isfinite(value)
-        or value < 0
-    ):
+    if not is_finite_real(value) or value < 0:
         raise ValueError(f"RewardConfig.{name} must be a finite number >= 0, got {value!r}")
 
 
