@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from esper.host_reads import HostReadCounter
-from esper.simic import gae
+from esper.simic import gae, gae_native
 from esper.simic.gae import compute_gae
 
 TOL = 1e-6
@@ -132,19 +132,24 @@ def test_each_solver_matches_the_reference_for_any_length(
     assert adv.is_contiguous() and ret.is_contiguous()
 
 
+#: The backends that can run here: tensor ops always, the C kernel where it was built.
+BACKENDS_HERE = ["torch", *(["native"] if gae_native.available() else [])]
+
+
+@pytest.mark.parametrize("backend", BACKENDS_HERE)
 @pytest.mark.parametrize(("n_envs", "n_steps"), [(4, 25), (64, 150), (256, 1000)])
 def test_float32_at_benchmark_shapes_is_within_1e_5_of_the_reference(
-    n_envs: int, n_steps: int
+    n_envs: int, n_steps: int, backend: str
 ) -> None:
     batch = make_batch(n_envs, n_steps, seed=7, p_terminated=0.05, p_truncated=0.05)
-    ref_adv, ref_ret = compute_gae(**batch, gamma=0.99, gae_lambda=0.95)  # float64
+    ref_adv, ref_ret = compute_gae(**batch, gamma=0.99, gae_lambda=0.95, backend="torch")
     as_float32 = {k: v.float() if v.is_floating_point() else v for k, v in batch.items()}
-    adv, ret = compute_gae(**as_float32, gamma=0.99, gae_lambda=0.95)
+    adv, ret = compute_gae(**as_float32, gamma=0.99, gae_lambda=0.95, backend=backend)
     torch.testing.assert_close(adv.double(), ref_adv, atol=1e-5, rtol=0)
     torch.testing.assert_close(ret.double(), ref_ret, atol=1e-5, rtol=0)
 
 
-def test_small_problems_use_discount_matrices_and_large_ones_chunks(
+def test_tensor_ops_use_discount_matrices_for_small_problems_and_chunks_for_large(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     used: list[str] = []
@@ -154,8 +159,8 @@ def test_small_problems_use_discount_matrices_and_large_ones_chunks(
             f"_gae_by_{name}",
             lambda *a, _n=name, _s=solver, **k: used.append(_n) or _s(*a, **k),
         )
-    compute_gae(**make_batch(4, 25, seed=0), gamma=0.99, gae_lambda=0.95)
-    compute_gae(**make_batch(64, 150, seed=0), gamma=0.99, gae_lambda=0.95)
+    compute_gae(**make_batch(4, 25, seed=0), gamma=0.99, gae_lambda=0.95, backend="torch")
+    compute_gae(**make_batch(64, 150, seed=0), gamma=0.99, gae_lambda=0.95, backend="torch")
     assert used == ["discount_matrices", "chunks"]
 
 
@@ -246,11 +251,12 @@ def test_a_truncated_step_bootstraps_but_does_not_carry_the_next_episode_back() 
 
 
 @pytest.mark.parametrize("shape", [(4, 25), (64, 150)], ids=["matrices", "chunks"])
-def test_reads_nothing_on_the_host_and_builds_no_graph(shape: tuple[int, int]) -> None:
+def test_tensor_ops_read_nothing_on_the_host_and_build_no_graph(shape: tuple[int, int]) -> None:
+    """The tensor-ops solver is the one CUDA runs, so this CPU run stands in for the GPU's."""
     batch = make_batch(*shape, seed=9, dtype=torch.float32)
     batch["values"].requires_grad_(True)
     with HostReadCounter() as counter:
-        adv, ret = compute_gae(**batch, gamma=0.99, gae_lambda=0.95)
+        adv, ret = compute_gae(**batch, gamma=0.99, gae_lambda=0.95, backend="torch")
     assert counter.count == 0, counter.report()
     assert not adv.requires_grad and not ret.requires_grad
 

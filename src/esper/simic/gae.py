@@ -5,8 +5,11 @@ there, for all envs at once, keeps the PPO update free of host reads and of a Py
 loop over envs (the earlier system looped per env, which cost a
 kernel launch per env per step and a sync per bootstrap).
 
-How it is fast: the recursion ``A_t = delta_t + c_t * A_{t+1}`` is linear, so a stretch
-of it is a product with a matrix of discounts. Small problems (every env's whole
+How it is fast. On the CPU, a C kernel built with the package (``gae_native``) walks each
+env's row backwards once: one read of every input, one write of every output. Elsewhere
+(CUDA, float16/bfloat16, or where the kernel was not built) tensor ops solve it. The
+recursion ``A_t = delta_t + c_t * A_{t+1}`` is linear, so a stretch of it is a product
+with a matrix of discounts. Small problems (every env's whole
 trajectory as one matrix, a few thousand elements) are solved by one such product per env,
 with no loop at all. Larger ones are cut into chunks of about ``sqrt(T)`` steps: a short
 reverse sweep inside every chunk at once (all envs and chunks in each step), then a carry
@@ -34,6 +37,7 @@ import torch
 from torch import Tensor
 
 from esper.contracts.checks import is_finite_real
+from esper.simic import gae_native
 
 #: Number of dimensions of every GAE input: ``[n_envs, T]``.
 _INPUT_NDIM = 2
@@ -41,6 +45,8 @@ _INPUT_NDIM = 2
 #: ``T`` times the data, so past this the chunked sweep is faster (measured on CPU at
 #: 4x25 vs 64x150 with benchmarks/gae.py); below it the matrix path needs no loop.
 DISCOUNT_MATRIX_MAX_ELEMENTS = 1 << 18
+#: ``backend`` values of ``compute_gae``: pick for me, tensor ops only, the C kernel only.
+BACKENDS = ("auto", "torch", "native")
 
 
 def _check_rate(name: str, value: float) -> None:
@@ -104,6 +110,8 @@ def compute_gae(
     done: Tensor,
     gamma: float,
     gae_lambda: float,
+    *,
+    backend: str = "auto",
 ) -> tuple[Tensor, Tensor]:
     """Advantages and value targets (returns) for ``n_envs`` trajectories of length ``T``.
 
@@ -133,6 +141,10 @@ def compute_gae(
         gamma: discount in ``[0, 1]``.
         gae_lambda: trace decay in ``[0, 1]``; 0 gives one-step TD errors, 1 gives Monte
             Carlo returns minus values (bootstrapped at truncations).
+        backend: ``"auto"`` runs the C kernel where ``gae_native.supports`` the inputs
+            (CPU, float32/float64, kernel built) and tensor ops elsewhere; ``"torch"``
+            forces tensor ops; ``"native"`` forces the kernel and fails where it can't run.
+            All give the same results within float rounding.
 
     Returns:
         ``(advantages, returns)``, both new ``[n_envs, T]`` contiguous tensors with the
@@ -140,8 +152,11 @@ def compute_gae(
 
     Raises:
         ValueError: an input has the wrong shape, dtype or device, or ``gamma`` /
-            ``gae_lambda`` lies outside ``[0, 1]``.
+            ``gae_lambda`` lies outside ``[0, 1]``, or ``backend`` is not in ``BACKENDS``.
+        RuntimeError: ``backend="native"`` where the kernel can't run.
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"compute_gae: backend must be one of {BACKENDS}, got {backend!r}")
     _check_inputs(rewards, values, next_values, terminated, done)
     _check_rate("gamma", gamma)
     _check_rate("gae_lambda", gae_lambda)
@@ -150,6 +165,10 @@ def compute_gae(
     rewards, values, next_values = (
         x.detach() if x.requires_grad else x for x in (rewards, values, next_values)
     )
+    if backend == "native" or (backend == "auto" and gae_native.supports(rewards)):
+        return gae_native.gae_native(
+            rewards, values, next_values, terminated, done, gamma, gae_lambda
+        )
     n_envs, n_steps = rewards.shape
     if n_envs * n_steps * n_steps <= DISCOUNT_MATRIX_MAX_ELEMENTS:
         return _gae_by_discount_matrices(
