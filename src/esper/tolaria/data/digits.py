@@ -6,8 +6,6 @@ and it is small enough for CPU-only smoke runs while still being a real task.
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 import torch
 from torch.utils.data import TensorDataset
@@ -20,6 +18,7 @@ from esper.tolaria.data.base import (
     TASK_CLASSIFICATION,
     HostDataModule,
     Task,
+    require_fraction,
     require_int,
 )
 
@@ -55,14 +54,7 @@ class DigitsDataModule(HostDataModule):
             num_workers=num_workers,
             seed=seed,
         )
-        if isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real):
-            raise ValueError(f"val_fraction must be a number in (0, 1), got {val_fraction!r}")
-        if not 0.0 < val_fraction < 1.0:
-            raise ValueError(
-                f"val_fraction must be strictly between 0 and 1, got {val_fraction}; "
-                f"pass e.g. {DEFAULT_VAL_FRACTION}"
-            )
-        self.val_fraction = float(val_fraction)
+        self.val_fraction = require_fraction("val_fraction", val_fraction)
         self.split_seed = require_int("split_seed", split_seed, 0)
 
     @property
