@@ -1,4 +1,4 @@
-"""A run killed with SIGKILL resumes from its last checkpoint and finishes."""
+"""A run killed with SIGKILL resumes from its last checkpoint and ends where an unbroken run does."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.test_cli import TINY_CONFIG
 
@@ -43,7 +44,9 @@ def _fit(config: Path, root: Path, *extra: str) -> subprocess.Popen[str]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX signals")
-def test_a_run_killed_with_sigkill_resumes_from_last_and_finishes(tmp_path: Path) -> None:
+def test_a_run_killed_with_sigkill_resumes_to_the_weights_of_an_unbroken_run(
+    tmp_path: Path,
+) -> None:
     config = tmp_path / "tiny.yaml"
     config.write_text(TINY_CONFIG)
     root = tmp_path / "run"
@@ -64,3 +67,20 @@ def test_a_run_killed_with_sigkill_resumes_from_last_and_finishes(tmp_path: Path
     assert resumed.returncode == 0, out
     assert "Restoring states from the checkpoint" in out
     assert f"esper fit: {MAX_EPOCHS} PPO update(s)" in out
+
+    # Finishing is not enough: the resumed run must end exactly where one never killed does.
+    unbroken_root = tmp_path / "unbroken"
+    unbroken = _fit(config, unbroken_root)
+    unbroken_out, _ = unbroken.communicate(timeout=WAIT_S)
+    assert unbroken.returncode == 0, unbroken_out
+    want = _final_state_dict(unbroken_root)
+    got = _final_state_dict(root)
+    assert got.keys() == want.keys()
+    differ = [key for key in want if not torch.equal(got[key], want[key])]
+    assert not differ, f"the resumed run's final weights differ from the unbroken run's: {differ}"
+
+
+def _final_state_dict(root: Path) -> dict[str, torch.Tensor]:
+    """The module weights in a run's final checkpoint."""
+    checkpoint = torch.load(root / "checkpoints" / "last.ckpt", weights_only=False)
+    return checkpoint["state_dict"]

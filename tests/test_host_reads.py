@@ -75,9 +75,36 @@ def test_tensor_methods_are_restored_on_exit_even_after_an_error() -> None:
     assert torch.Tensor.item is original
 
 
-def test_nesting_is_refused() -> None:
-    with HostReadCounter(), pytest.raises(RuntimeError, match="nested"), HostReadCounter():
-        pass
+@pytest.mark.parametrize("name", sorted(READS))
+def test_nested_counters_each_count_every_read_made_while_they_are_active(name: str) -> None:
+    t = torch.arange(4.0)
+    with HostReadCounter() as outer:
+        READS[name](t)
+        with HostReadCounter() as inner:
+            READS[name](t)
+        READS[name](t)
+    assert inner.count == 1, inner.report()
+    assert outer.count == 3, outer.report()
+
+
+def test_exiting_an_outer_counter_first_ends_the_inner_ones_and_leaks_nothing() -> None:
+    original = torch.Tensor.item
+    modes = torch._C._len_torch_dispatch_stack()
+    outer, inner = HostReadCounter(), HostReadCounter()
+    outer.__enter__()
+    inner.__enter__()
+    outer.__exit__(None, None, None)
+    inner.__exit__(None, None, None)  # already ended: a no-op
+    assert torch.Tensor.item is original
+    assert torch._C._len_torch_dispatch_stack() == modes
+    torch.ones(()).item()
+    assert outer.count == inner.count == 0
+
+
+def test_a_counter_cannot_be_entered_twice_at_once() -> None:
+    counter = HostReadCounter()
+    with counter, pytest.raises(RuntimeError, match="already active"):
+        counter.__enter__()
 
 
 @pytest.mark.gpu

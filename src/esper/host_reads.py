@@ -27,7 +27,7 @@ import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import FrameType, TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -89,11 +89,18 @@ class HostReadCounter(TorchDispatchMode):
 
     ``reads`` lists each one with a short stack, so a failing test says where to look.
     Reads made from frames under ``ignore_paths`` are not counted; pass ``()`` to count all.
-    Nesting a counter inside another is refused: the method wrappers are process-global.
+
+    Counters nest, so a test can count around code that counts for itself (the telemetry's
+    ``debug`` profile measures each rollout): each counts every read made while it is
+    active, an inner counter's reads included. The method wrappers are process-global and
+    the dispatch modes a stack, so counters end innermost first; exiting an outer counter
+    first also ends those still active inside it (their own exit is then a no-op), so an
+    exception unwinding past a counter left open elsewhere cannot leak its wrappers.
     """
 
     _active_lock = threading.Lock()
-    _active: HostReadCounter | None = None
+    #: Counters entered and not yet exited, outermost first.
+    _active: ClassVar[list[HostReadCounter]] = []
 
     def __init__(self, ignore_paths: Iterable[str] = DEFAULT_IGNORED_PATHS) -> None:
         super().__init__()
@@ -164,12 +171,19 @@ class HostReadCounter(TorchDispatchMode):
 
     def __enter__(self) -> HostReadCounter:
         with HostReadCounter._active_lock:
-            if HostReadCounter._active is not None:
-                raise RuntimeError("HostReadCounter cannot be nested; exit the outer one first")
-            HostReadCounter._active = self
+            if any(c is self for c in HostReadCounter._active):
+                raise RuntimeError("this HostReadCounter is already active; use a new one")
+            HostReadCounter._active.append(self)
+        # Wrapping what is there now chains onto an outer counter's wrappers.
         for method in WRAPPED_METHODS:
             setattr(torch.Tensor, method, self._wrap(method))
-        return super().__enter__()
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._restore_methods()
+            with HostReadCounter._active_lock:
+                HostReadCounter._active.remove(self)
+            raise
 
     def __exit__(
         self,
@@ -177,14 +191,30 @@ class HostReadCounter(TorchDispatchMode):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        with HostReadCounter._active_lock:
+            if not any(c is self for c in HostReadCounter._active):
+                return  # already ended by an outer counter's exit
+            while HostReadCounter._active[-1] is not self:
+                HostReadCounter._active.pop()._end(exc_type, exc, tb)
+            HostReadCounter._active.pop()
+        self._end(exc_type, exc, tb)
+
+    def _end(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Pop this counter's dispatch mode and put back the methods it wrapped."""
         try:
             super().__exit__(exc_type, exc, tb)
         finally:
-            for method, original in self._originals.items():
-                setattr(torch.Tensor, method, original)
-            self._originals.clear()
-            with HostReadCounter._active_lock:
-                HostReadCounter._active = None
+            self._restore_methods()
+
+    def _restore_methods(self) -> None:
+        for method, original in self._originals.items():
+            setattr(torch.Tensor, method, original)
+        self._originals.clear()
 
 
 def _has_bool_index(args: tuple[Any, ...]) -> bool:

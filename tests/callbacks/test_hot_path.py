@@ -10,9 +10,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from esper.callbacks import GovernorCallback, TelemetryCallback
 from esper.callbacks.checkpoint import default_checkpoints
-from esper.contracts.rollout import RolloutSummary
-from esper.host_reads import HostReadCounter
 from esper.simic.module import PPOModule
+from tests.callbacks.counting import count_rollout_reads
 from tests.simic.envs import small_data
 
 EPISODE_EPOCHS = 4
@@ -26,18 +25,7 @@ def test_rollouts_read_once_per_host_epoch_with_all_builtin_callbacks(
     module = PPOModule(
         n_envs=n_envs, episode_epochs=EPISODE_EPOCHS, host_kwargs={"channels": [4, 8]}
     )
-    reads: list[int] = []
-    summaries: list[RolloutSummary] = []
-    collect = module._collect
-
-    def counted() -> RolloutSummary:
-        with HostReadCounter() as counter:
-            summary = collect()
-        reads.append(counter.count)
-        summaries.append(summary)
-        return summary
-
-    module._collect = counted  # type: ignore[method-assign]
+    counted = count_rollout_reads(module)
     trainer = L.Trainer(
         max_epochs=2,
         default_root_dir=tmp_path,
@@ -47,5 +35,6 @@ def test_rollouts_read_once_per_host_epoch_with_all_builtin_callbacks(
         enable_model_summary=False,
     )
     trainer.fit(module, datamodule=small_data())
-    assert reads == [EPISODE_EPOCHS, EPISODE_EPOCHS], "one packed read per host epoch"
-    assert all(s.host_reads == EPISODE_EPOCHS for s in summaries)
+    assert counted.reads == [EPISODE_EPOCHS, EPISODE_EPOCHS], "one packed read per host epoch"
+    reported = [s.packed_transfers for s in counted.summaries]
+    assert reported == counted.reads, "reported transfers != measured"

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
-from lightning.pytorch import LightningModule, Trainer
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import (
     HISTOGRAMS,
@@ -15,13 +17,21 @@ from tensorboard.backend.event_processing.event_accumulator import (
     EventAccumulator,
 )
 
-from esper.callbacks import CALLBACKS, TelemetryCallback
-from esper.callbacks.telemetry import PROFILES
+from esper.callbacks import CALLBACKS, EsperCallback, TelemetryCallback
+from esper.callbacks.telemetry import HOST_READS_TAG, PROFILE_DEBUG, PROFILES
 from esper.contracts.rollout import LifecycleEvent, RolloutSummary, StepBatch
 from esper.contracts.stages import SeedStage
-from esper.host_reads import HostReadCounter
+from esper.host_reads import WRAPPED_METHODS
+from tests.callbacks.counting import count_rollout_reads
 
 N_ENVS, N_SLOTS, STEPS = 2, 2, 3
+
+#: The small real fit the host-read tests run: rollouts, envs, host, data.
+REAL_ROLLOUTS, REAL_ENVS, REAL_EPISODE_EPOCHS = 2, 2, 3
+REAL_HOST: dict[str, object] = {"channels": [4, 8]}
+REAL_DATA: dict[str, int] = {"n_train": 64, "n_val": 32, "batch_size": 16}
+#: The module's count of packed transfers per host epoch (PPOModule._rollout_metrics).
+PACKED_TRANSFERS_TAG = "perf/packed_transfers_per_step"
 
 
 def make_step(rollout: int, step: int, events: tuple[LifecycleEvent, ...] = ()) -> StepBatch:
@@ -67,7 +77,7 @@ def make_summary(rollout: int) -> RolloutSummary:
         env_steps=N_ENVS * STEPS,
         seconds=1.0,
         seconds_training_hosts=0.8,
-        host_reads=STEPS + 1,
+        packed_transfers=STEPS + 1,
         rollbacks=np.array([0, 1], dtype=np.int64),
         discarded_transitions=np.array([0, 2], dtype=np.int64),
     )
@@ -335,21 +345,131 @@ def test_state_dict_round_trip_continues_cumulative_counts(tmp_path: Path) -> No
         TelemetryCallback().load_state_dict({**state, "version": 99})
 
 
+class ReadsAParameterEachStep(EsperCallback):
+    """A callback that breaks the rule: it reads one value of the policy on every env step."""
+
+    def on_env_step(self, trainer: Trainer, pl_module: LightningModule, step: StepBatch) -> None:
+        next(pl_module.policy.parameters()).sum().item()
+
+
+@dataclass
+class CountedFit:
+    """Host reads counted over each rollout of a real fit, and what the rollouts reported."""
+
+    trainer: Trainer
+    reads: list[int]
+    summaries: list[RolloutSummary]
+    #: Where each rollout's reads came from, for failure messages.
+    reports: list[str]
+
+    @property
+    def packed_transfers(self) -> list[int]:
+        return [s.packed_transfers for s in self.summaries]
+
+    @property
+    def steps(self) -> list[int]:
+        """``on_env_step`` calls per rollout: one per decision."""
+        return [s.env_steps // len(s.episode_return) for s in self.summaries]
+
+    @property
+    def reads_per_step(self) -> list[float]:
+        """The counted reads per host epoch, as ``perf/host_reads_per_step`` should log them."""
+        return [r / s.host_epochs_per_env for r, s in zip(self.reads, self.summaries, strict=True)]
+
+
+def fit_counting_rollouts(tmp_path: Path, callbacks: list[Callback]) -> CountedFit:
+    """Fit a small real PPOModule with ``callbacks``, each rollout under a HostReadCounter.
+
+    The callbacks' rollout hooks run inside the counted region beside the module's device
+    tensors (policy, hosts, buffer), so a hook that read one of them would be counted.
+    """
+    from esper.simic.module import PPOModule
+    from esper.tolaria.data import SyntheticImageDataModule
+
+    seed_everything(0, verbose=False)
+    module = PPOModule(n_envs=REAL_ENVS, episode_epochs=REAL_EPISODE_EPOCHS, host_kwargs=REAL_HOST)
+    counted = count_rollout_reads(module)
+    trainer = Trainer(
+        max_epochs=REAL_ROLLOUTS,
+        default_root_dir=tmp_path,
+        logger=TensorBoardLogger(tmp_path),
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    trainer.fit(module, datamodule=SyntheticImageDataModule(**REAL_DATA))
+    assert len(counted.reads) == REAL_ROLLOUTS
+    return CountedFit(trainer, counted.reads, counted.summaries, counted.reports)
+
+
 @pytest.mark.parametrize("profile", list(PROFILES))
-def test_env_step_makes_no_host_reads(tmp_path: Path, profile: str) -> None:
+def test_hooks_in_a_real_rollout_add_no_host_reads_to_the_packed_transfers(
+    tmp_path: Path, profile: str
+) -> None:
     callback = TelemetryCallback(profile=profile)
-    trainer = make_trainer(tmp_path, callback)
-    module = LightningModule()
-    callback.setup(trainer, module, "fit")
-    steps = [make_step(0, t, EVENTS_BY_STEP[t]) for t in range(STEPS)]
-    with HostReadCounter() as counter:
-        callback.on_rollout_start(trainer, module, 0)
-        for step in steps:
-            callback.on_env_step(trainer, module, step)
-        callback.on_rollout_end(trainer, module, make_summary(0))
-        callback.on_ppo_update_end(trainer, module, {"ppo/loss": 0.1})
-    callback.teardown(trainer, module, "fit")
-    assert counter.count == 0, counter.report()
+    fit = fit_counting_rollouts(tmp_path, [callback])
+    # In "debug" the callback's own counter runs nested inside this one; both must agree.
+    assert fit.reads == fit.packed_transfers, fit.reports
+    assert callback.rollouts_seen == REAL_ROLLOUTS
+    if profile == PROFILE_DEBUG:
+        assert callback.last_host_reads is not None
+        assert callback.last_host_reads.count == fit.reads[-1], callback.last_host_reads.report()
+    else:
+        assert callback.last_host_reads is None
+
+
+def test_the_real_rollout_harness_catches_a_hook_that_reads_a_device_tensor(
+    tmp_path: Path,
+) -> None:
+    fit = fit_counting_rollouts(tmp_path, [TelemetryCallback(), ReadsAParameterEachStep()])
+    extra = [r - t for r, t in zip(fit.reads, fit.packed_transfers, strict=True)]
+    assert extra == fit.steps, "one counted read per on_env_step of the reading callback"
+
+
+class RaisesOnEnvStep(EsperCallback):
+    """A callback whose hook fails mid-rollout, so the rollout never reaches its end."""
+
+    def on_env_step(self, trainer: Trainer, pl_module: LightningModule, step: StepBatch) -> None:
+        raise ValueError("boom")
+
+
+def test_debug_profile_ends_its_counter_when_a_rollout_raises(tmp_path: Path) -> None:
+    originals = {name: getattr(torch.Tensor, name) for name in WRAPPED_METHODS}
+    modes = torch._C._len_torch_dispatch_stack()
+    callback = TelemetryCallback(profile=PROFILE_DEBUG)
+    with pytest.raises(Exception, match="boom"):  # however the module wraps it
+        fit_counting_rollouts(tmp_path, [callback, RaisesOnEnvStep()])
+    assert {name: getattr(torch.Tensor, name) for name in WRAPPED_METHODS} == originals
+    assert torch._C._len_torch_dispatch_stack() == modes
+    assert callback.last_host_reads is not None, "the counter was ended, not left running"
+
+
+def logged(trainer: Trainer, tag: str) -> list[float]:
+    """Values of the TensorBoard scalar ``tag``, in step order."""
+    return [event.value for event in tb(trainer).Scalars(tag)]
+
+
+@pytest.mark.slow
+def test_debug_profile_logs_measured_host_reads_equal_to_packed_transfers(
+    tmp_path: Path,
+) -> None:
+    fit = fit_counting_rollouts(tmp_path, [TelemetryCallback(profile=PROFILE_DEBUG)])
+    measured = logged(fit.trainer, HOST_READS_TAG)
+    assert measured == pytest.approx(fit.reads_per_step)
+    assert measured == logged(fit.trainer, PACKED_TRANSFERS_TAG)
+
+
+@pytest.mark.slow
+def test_debug_profile_measures_a_hook_that_reads_a_device_tensor(tmp_path: Path) -> None:
+    fit = fit_counting_rollouts(
+        tmp_path, [TelemetryCallback(profile=PROFILE_DEBUG), ReadsAParameterEachStep()]
+    )
+    measured = logged(fit.trainer, HOST_READS_TAG)
+    counted = logged(fit.trainer, PACKED_TRANSFERS_TAG)
+    assert measured == pytest.approx(fit.reads_per_step)
+    assert len(counted) == REAL_ROLLOUTS
+    assert all(m > c for m, c in zip(measured, counted, strict=True)), (measured, counted)
 
 
 @pytest.mark.slow

@@ -280,7 +280,7 @@ def _summary(rollout: int, n_envs: int = 2) -> RolloutSummary:
         env_steps=2 * n_envs,
         seconds=1.0,
         seconds_training_hosts=0.5,
-        host_reads=3,
+        packed_transfers=3,
     )
 
 

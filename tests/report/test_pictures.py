@@ -262,7 +262,7 @@ def summary_for(steps: list[StepBatch], rollout: int) -> RolloutSummary:
         env_steps=n * len(steps),
         seconds=1.0,
         seconds_training_hosts=1.0,
-        host_reads=len(steps) + 1,
+        packed_transfers=len(steps) + 1,
     )
 
 

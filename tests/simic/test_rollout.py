@@ -20,7 +20,8 @@ def test_rollout_reads_the_device_once_per_host_epoch(n_envs: int) -> None:
         _, summary = col.collect(0)
     # One read per host epoch: after each decision's epoch, plus the bootstrap read.
     assert counter.count == EPISODE_EPOCHS, counter.report()
-    assert summary.host_reads == EPISODE_EPOCHS
+    # The transfers the loop reports are the reads that were measured, not just its tally.
+    assert summary.packed_transfers == counter.count
 
 
 def test_every_transition_reaches_the_step_hook_with_host_side_arrays() -> None:
@@ -91,6 +92,7 @@ def test_cuda_rollout_reads_the_device_once_per_host_epoch(n_envs: int) -> None:
     col = collector(env)
     col.collect(0)  # warm-up: lazy CUDA init makes reads of its own
     with HostReadCounter() as counter:
-        batch, _ = col.collect(1)
+        batch, summary = col.collect(1)
     assert counter.count == EPISODE_EPOCHS, counter.report()
+    assert summary.packed_transfers == counter.count
     assert batch.advantages.device.type == "cuda"

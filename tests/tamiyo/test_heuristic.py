@@ -380,6 +380,8 @@ def test_it_drives_a_real_rollout_germinating_seeds_with_only_legal_ops() -> Non
         with HostReadCounter() as counter:
             _, summary = collector.collect(rollout, on_step=steps.append)
         # Only the collector's one read per host epoch: the controller adds none.
-        assert counter.count == summary.host_reads == env.config.episode_epochs, counter.report()
+        assert counter.count == summary.packed_transfers == env.config.episode_epochs, (
+            counter.report()
+        )
         assert summary.seeds_germinated.sum() > 0
         assert not any(s.illegal.any() for s in steps)

@@ -29,14 +29,30 @@ profile     collects                                                    cost per
             ``lifecycle/illegal``, ``lifecycle/rollbacks``,
             ``lifecycle/discarded_transitions``
 ``debug``   ``normal`` plus ``debug/reward_step`` and                   ``normal`` + two
-            ``debug/val_acc_step`` per env step (at step                scalar writes and
-            ``rollout * T + step``, ``T`` decisions per episode); the   a file flush
-            JSONL file is flushed after every step
+            ``debug/val_acc_step`` per env step (at step                scalar writes, a
+            ``rollout * T + step``, ``T`` decisions per episode); the   file flush, and
+            JSONL file is flushed after every step;                     every tensor op
+            ``perf/host_reads_per_step`` once per rollout, measured     through a
+            (see below)                                                 ``HostReadCounter``
 =========== =========================================================== ====================
 
 Every hook reads only the host-side :class:`StepBatch`/:class:`RolloutSummary` it is given
 (numpy arrays, Python numbers), never a device tensor, so the rollout stays sync-free.
 Under DDP only global rank 0 writes (its own envs); other ranks do nothing.
+
+``perf/host_reads_per_step`` (``debug`` only) is a measurement, where the module's
+``perf/packed_transfers_per_step`` is a count the rollout loop keeps by construction: a
+:class:`~esper.host_reads.HostReadCounter` is entered at ``on_rollout_start`` and exited at
+``on_rollout_end``, so it sees every host read of a tensor value in between (the rollout
+loop, env steps, the policy, the buffer, and every callback's ``on_env_step``). Divided by
+host epochs per env like the packed figure, it is written to TensorBoard with the other
+rollout scalars. The two agree when the one packed transfer per host epoch is the only
+read; a larger figure means something syncs the device, and
+:attr:`TelemetryCallback.last_host_reads` ``.report()`` says where. Only ``debug`` pays for
+the counter (a Python hook on every tensor op); it is exited on an exception and at
+teardown as well, so it never outlives the fit. Dynamo runs no compiled code under a
+dispatch mode, so with ``compile=True`` a ``debug`` rollout acts and trains eagerly: measure
+there, time elsewhere.
 
 Event schema (every line has ``kind``, ``rollout``, ``host_epoch`` and ``time``, the Unix
 time of writing; non-finite floats are written as ``null``):
@@ -71,6 +87,7 @@ from esper.contracts.actions import HEAD_NAMES
 from esper.contracts.ops import LifecycleOp
 from esper.contracts.rollout import EVENT_KINDS, LifecycleEvent, RolloutSummary, StepBatch
 from esper.contracts.stages import SeedStage
+from esper.host_reads import HostReadCounter
 
 if TYPE_CHECKING:
     from lightning.pytorch import LightningModule, Trainer
@@ -78,6 +95,9 @@ if TYPE_CHECKING:
 PROFILE_MINIMAL = "minimal"
 PROFILE_NORMAL = "normal"
 PROFILE_DEBUG = "debug"
+
+#: TensorBoard tag of the measured host reads per host epoch (``debug`` profile).
+HOST_READS_TAG = "perf/host_reads_per_step"
 
 #: Lifecycle kinds whose per-blueprint counts are kept (cumulative, in ``state_dict``).
 BLUEPRINT_KINDS: tuple[str, ...] = ("germinated", "fossilized", "pruned")
@@ -93,6 +113,8 @@ class TelemetryProfile:
     tensorboard: bool
     #: Write per-step TensorBoard scalars and flush the event file after every step.
     per_step: bool
+    #: Count host reads over each rollout and write ``perf/host_reads_per_step``.
+    host_reads: bool = False
 
 
 PROFILES: dict[str, TelemetryProfile] = {
@@ -110,6 +132,7 @@ PROFILES: dict[str, TelemetryProfile] = {
         kinds=frozenset({*EVENT_KINDS, "ppo_update", "episode_end", "resume"}),
         tensorboard=True,
         per_step=True,
+        host_reads=True,
     ),
 }
 
@@ -121,7 +144,9 @@ class TelemetryCallback(EsperCallback):
 
     Args:
         profile: how much to collect: ``"minimal"``, ``"normal"`` or ``"debug"`` (see
-            :data:`PROFILES` and the module docstring).
+            :data:`PROFILES` and the module docstring). ``"debug"`` also measures the host
+            reads of each rollout and logs ``perf/host_reads_per_step``; the others do not
+            pay for the counter.
         events_file: name of the JSONL file, relative to the run directory (an absolute
             path is used as given). Opened in append mode, so a resumed run continues it.
         histogram_every: write the action histograms every this many rollouts (they are
@@ -167,6 +192,11 @@ class TelemetryCallback(EsperCallback):
         self.events_path: Path | None = None
         self._file: IO[str] | None = None
         self._writer: Any = None
+        # The counter measuring the rollout in progress (debug profile only).
+        self._counter: HostReadCounter | None = None
+        #: The ``debug`` profile's counter of the last finished rollout; ``.report()``
+        #: lists where each read came from. None in other profiles.
+        self.last_host_reads: HostReadCounter | None = None
 
         # State that survives a resume (state_dict).
         self.events_written = 0
@@ -214,7 +244,14 @@ class TelemetryCallback(EsperCallback):
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._flush()
 
+    def on_exception(
+        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
+    ) -> None:
+        # A rollout that raised never reaches on_rollout_end: end its counter here.
+        self._stop_counting()
+
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._stop_counting()
         if self._file is not None:
             self._file.flush()
             self._file.close()
@@ -255,6 +292,10 @@ class TelemetryCallback(EsperCallback):
             return
         self._rollout = rollout
         self._reset_accumulators()
+        if self._profile.host_reads:
+            self._stop_counting()  # a rollout that never ended must not stay counted
+            self._counter = HostReadCounter()
+            self._counter.__enter__()
 
     def on_env_step(self, trainer: Trainer, pl_module: LightningModule, step: StepBatch) -> None:
         if not self._check_enabled():
@@ -275,11 +316,16 @@ class TelemetryCallback(EsperCallback):
     ) -> None:
         if not self._check_enabled():
             return
+        # First, so that the reads counted are the rollout's, not this hook's own writes.
+        counted = self._stop_counting()
         self._rollout = rollout.rollout
         if "episode_end" in self._kinds:
             self._log_episode_ends(rollout)
         if self._writer is not None:
             self._write_rollout_summaries(rollout)
+            if counted is not None:
+                reads_per_step = counted.count / rollout.host_epochs_per_env
+                self._writer.add_scalar(HOST_READS_TAG, reads_per_step, rollout.rollout)
         if self._max_step >= 0:
             self.steps_per_rollout = max(self.steps_per_rollout, self._max_step + 1)
         self.rollouts_seen = max(self.rollouts_seen, rollout.rollout + 1)
@@ -301,6 +347,16 @@ class TelemetryCallback(EsperCallback):
                 }
             )
         self._flush()
+
+    # -------------------------------------------------------------- host reads
+    def _stop_counting(self) -> HostReadCounter | None:
+        """Exit the rollout's counter, if one is running; returns it (also ``last_host_reads``)."""
+        counter, self._counter = self._counter, None
+        if counter is None:
+            return None
+        counter.__exit__(None, None, None)
+        self.last_host_reads = counter
+        return counter
 
     # ------------------------------------------------------------------ events
     def _check_enabled(self) -> bool:
@@ -513,6 +569,7 @@ def _jsonable(value: Any) -> Any:
 
 __all__ = [
     "BLUEPRINT_KINDS",
+    "HOST_READS_TAG",
     "PROFILES",
     "PROFILE_DEBUG",
     "PROFILE_MINIMAL",

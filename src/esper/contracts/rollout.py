@@ -119,7 +119,9 @@ class RolloutSummary:
         env_steps: decisions taken, summed over envs.
         seconds: wall time of the rollout.
         seconds_training_hosts: wall time inside ``run_epoch``.
-        host_reads: device-to-host reads the loop made (one per host epoch).
+        packed_transfers: packed device-to-host transfers (``read_packed`` calls) the loop
+            made, one per host epoch. A count the loop keeps, not a measurement: tests and
+            the telemetry's ``debug`` profile count real host reads with ``HostReadCounter``.
         rollbacks: ``[E]`` governor rollbacks per env during the rollout.
         discarded_transitions: ``[E]`` transitions dropped by those rollbacks.
     """
@@ -134,7 +136,7 @@ class RolloutSummary:
     env_steps: int
     seconds: float
     seconds_training_hosts: float
-    host_reads: int
+    packed_transfers: int
     rollbacks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     discarded_transitions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     extras: dict[str, float] = field(default_factory=dict)
@@ -142,3 +144,12 @@ class RolloutSummary:
     @property
     def env_steps_per_s(self) -> float:
         return self.env_steps / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def host_epochs_per_env(self) -> int:
+        """Host epochs each env trained: one per decision plus the episode's last.
+
+        The denominator of every per-step figure about transfers and host reads, so that
+        counted and measured figures divide by the same thing and can be compared.
+        """
+        return self.env_steps // len(self.episode_return) + 1

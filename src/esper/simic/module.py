@@ -312,8 +312,10 @@ class PPOModule(LightningModule):
             "train/seeds_pruned": float(np.mean(summary.seeds_pruned)),
             "train/params_added": float(np.mean(summary.params_added)),
             "perf/env_steps_per_s": summary.env_steps_per_s,
-            "perf/host_reads_per_step": summary.host_reads
-            / (summary.env_steps / len(summary.episode_return) + 1),
+            # Counted by the loop, not measured: TelemetryCallback(profile="debug") logs
+            # the measured perf/host_reads_per_step over the same denominator.
+            "perf/packed_transfers_per_step": summary.packed_transfers
+            / summary.host_epochs_per_env,
             "perf/fraction_outside_host_training": outside,
             "governor/rollbacks": float(summary.rollbacks.sum()),
             "governor/discarded_transitions": float(summary.discarded_transitions.sum()),

@@ -180,7 +180,7 @@ class RolloutCollector:
         env.reset(episode_seed=rollout * self.seed_stride + self.seed_offset)
         training_s = time.perf_counter() - training_s
         hidden = policy.initial_state(env.n_envs, device)
-        reads = 0
+        transfers = 0
         returns = np.zeros(env.n_envs)
         counts = {
             k: np.zeros(env.n_envs, dtype=np.int64) for k in ("germinated", "fossilized", "pruned")
@@ -205,7 +205,7 @@ class RolloutCollector:
                     dim=1,
                 )
                 host = read_packed(packed)
-                reads += 1
+                transfers += 1
                 actions = host[:, :N_HEADS].astype(np.int64)
                 metrics = host[:, N_HEADS + 2 : N_HEADS + 2 + n_metrics]
                 probes = host[:, N_HEADS + 2 + n_metrics :]
@@ -250,7 +250,7 @@ class RolloutCollector:
             host = read_packed(
                 torch.cat([bootstrap[:, None].float(), env.metrics(), self._probe_columns()], dim=1)
             )
-            reads += 1
+            transfers += 1
             assert pending is not None
             final = host[:, 1 : 1 + n_metrics]
             probes = host[:, 1 + n_metrics :]
@@ -273,7 +273,7 @@ class RolloutCollector:
             env_steps=env.n_envs * env.decisions_per_episode,
             seconds=elapsed,
             seconds_training_hosts=training_s,
-            host_reads=reads,
+            packed_transfers=transfers,
             rollbacks=self._rollbacks.copy(),
             discarded_transitions=self._discarded.copy(),
         )
