@@ -71,9 +71,23 @@ def test_fit_writes_the_promised_scalars_and_a_checkpoint(
     assert "host val accuracy" in out and "parameters added" in out
 
 
-def test_fit_reports_a_bad_config_value_by_its_key(tmp_path: Path) -> None:
-    with pytest.raises((SystemExit, ValueError)):
-        main(["fit", "--model.n_envs", "0", "--trainer.default_root_dir", str(tmp_path)])
+@pytest.mark.parametrize(
+    ("args", "key"),
+    [
+        (["--model.n_envs", "0"], "model.n_envs"),
+        (["--model.ppo.clip_coef", "-1"], "model.ppo.clip_coef"),
+        (["--data.batch_size", "0"], "data.batch_size"),
+    ],
+)
+def test_fit_reports_a_bad_config_value_by_its_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], key: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["fit", *args, "--trainer.default_root_dir", str(tmp_path)])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"esper fit: error: {key}"), err
+    assert not list(tmp_path.iterdir()), "a refused run left files behind"
 
 
 def test_plugins_lists_every_registry(capsys: pytest.CaptureFixture[str]) -> None:

@@ -82,5 +82,5 @@ def test_a_run_killed_with_sigkill_resumes_to_the_weights_of_an_unbroken_run(
 
 def _final_state_dict(root: Path) -> dict[str, torch.Tensor]:
     """The module weights in a run's final checkpoint."""
-    checkpoint = torch.load(root / "checkpoints" / "last.ckpt", weights_only=False)
+    checkpoint = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)
     return checkpoint["state_dict"]

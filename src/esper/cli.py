@@ -12,6 +12,8 @@ author's first check that their package is seen, and where each name comes from.
 from __future__ import annotations
 
 import argparse
+import logging
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,17 +62,87 @@ FIT_TRAINER_DEFAULTS: dict[str, object] = {
 }
 
 
+#: The logger Lightning's ``seed_everything`` reports on.
+SEED_LOGGER = "lightning.fabric.utilities.seed"
+#: ``--ckpt_path`` words that Lightning resolves itself rather than naming a file.
+LIGHTNING_CKPT_WORDS = frozenset({"last", "best", "hpc"})
+#: Errors that mean the user's input (a path, a file, a value) is wrong, not that Esper is:
+#: shown as one line naming the input, with no traceback.
+INPUT_ERRORS: tuple[type[BaseException], ...] = (
+    FileNotFoundError,
+    NotADirectoryError,
+    IsADirectoryError,
+    PermissionError,
+)
+
+
+def _input_error(exc: BaseException) -> BaseException | None:
+    """The error in ``exc``'s chain that names bad input, or None for a genuine failure.
+
+    LightningCLI and jsonargparse wrap what the data module or a config raised in errors
+    of their own ("Does not validate against any of the Union subtypes"), so the cause
+    chain is searched for the original.
+    """
+    from esper.callbacks.checkpoint import CheckpointError
+    from esper.simic.validation import config_error_from
+
+    keyed = config_error_from(exc)
+    if keyed is not None:
+        return keyed
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, (CheckpointError, *INPUT_ERRORS)):
+            return link
+        link = link.__cause__ or link.__context__
+    return None
+
+
+class _RunFolderGuard:
+    """Removes the run folder a failed start created, so bad input leaves nothing behind.
+
+    Lightning creates ``lightning_logs/version_N`` (config.yaml, events) as the run sets
+    up, before Esper can check a checkpoint against the data or the run's config as a
+    whole; when such a check fails, the folder holds no result. A folder that existed
+    before the run is never touched.
+    """
+
+    def __init__(self) -> None:
+        self._created: list[Path] = []
+
+    def watch(self, folders: Sequence[Path]) -> None:
+        """Remember which of ``folders`` (outermost first) this run is about to create."""
+        self._created = [f for f in folders if not f.exists()]
+
+    def remove_created(self) -> None:
+        for folder in reversed(self._created):
+            if folder.is_dir():
+                shutil.rmtree(folder)
+
+
 def fit(argv: Sequence[str] | None = None) -> int:
     """Run ``LightningCLI`` on :class:`PPOModule` and a :class:`HostDataModule`.
 
-    ``argv`` are the arguments after ``fit``; None reads them from ``sys.argv``.
+    ``argv`` are the arguments after ``fit``; None reads them from ``sys.argv``. Bad input
+    (a config value, a data path, a checkpoint file) ends the run with one line on stderr
+    naming it and exit status 2, and leaves no run folder behind.
     """
     from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
     from esper.callbacks import CALLBACKS
-    from esper.simic.module import PPOModule
-    from esper.simic.validation import ConfigError, config_error_from
+    from esper.callbacks.checkpoint import CheckpointError, read_checkpoint
+    from esper.simic.env import action_schema
+    from esper.simic.module import (
+        PPOModule,
+        RunFailure,
+        check_same_action_space,
+        checkpoint_policy_spec,
+    )
+    from esper.simic.validation import ConfigError
     from esper.tolaria.data import HostDataModule
+
+    guard = _RunFolderGuard()
 
     class EsperCLI(LightningCLI):
         def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -86,11 +158,38 @@ def fit(argv: Sequence[str] | None = None) -> int:
                 ),
             )
 
+        def _parse_ckpt_path(self) -> None:
+            # LightningCLI reads the file's hyperparameters into the config here, with a
+            # bare torch.load; read and check it first so a bad file is named in one line.
+            self._resume_from: tuple[str, Any] | None = None
+            ckpt_path = self.config[self.config.subcommand].get("ckpt_path")
+            if ckpt_path and str(ckpt_path) not in LIGHTNING_CKPT_WORDS:
+                if str(ckpt_path).startswith("registry"):
+                    raise CheckpointError(
+                        f"--ckpt_path {ckpt_path}: esper resumes from files only; pass a "
+                        ".ckpt path or `last`"
+                    )
+                checkpoint = read_checkpoint(ckpt_path)
+                schema, _ = checkpoint_policy_spec(checkpoint, ckpt_path)
+                self._resume_from = (str(ckpt_path), schema)
+            super()._parse_ckpt_path()
+
+        def _set_seed(self) -> None:
+            # Lightning logs "Seed set to N" here, before any input is checked; said in
+            # before_fit instead, so a run refused for bad input prints one line only.
+            seed_logger = logging.getLogger(SEED_LOGGER)
+            level = seed_logger.level
+            seed_logger.setLevel(logging.WARNING)
+            try:
+                super()._set_seed()
+            finally:
+                seed_logger.setLevel(level)
+
         def instantiate_classes(self) -> None:
             try:
                 super().instantiate_classes()
             except (ValueError, TypeError) as exc:
-                error = config_error_from(exc)
+                error = _input_error(exc)
                 if error is None:
                     raise
                 raise error from exc
@@ -99,12 +198,33 @@ def fit(argv: Sequence[str] | None = None) -> int:
             names = self._get(self.config_init, "callbacks") or []
             unknown = [n for n in names if n not in CALLBACKS]
             if unknown:
-                raise ValueError(
+                raise ConfigError(
+                    "callbacks",
                     f"--callbacks names unknown callbacks {unknown}; "
-                    f"known: {list(CALLBACKS.names())}"
+                    f"known: {list(CALLBACKS.names())}",
                 )
+            self._check_resume_fits_this_run()
             named = [CALLBACKS.get(name)() for name in names]
             return super()._instantiate_trainer(config, [*callbacks, *named])
+
+        def _check_resume_fits_this_run(self) -> None:
+            """Refuse a checkpoint with another action space before the Trainer is built."""
+            if self._resume_from is None or not isinstance(self.datamodule, HostDataModule):
+                return
+            path, trained = self._resume_from
+            try:
+                run = action_schema(self.model.env_config, self.datamodule)
+            except (ValueError, TypeError):
+                return  # a bad host or blueprint setting: setup names it by its key
+            check_same_action_space(trained, run, path)
+
+        def before_fit(self) -> None:
+            seed = self._get(self.config, "seed_everything")
+            if seed is not False:
+                logging.getLogger(SEED_LOGGER).info(f"Seed set to {seed}")
+            log_dir = self.trainer.log_dir or self.trainer.default_root_dir
+            run_dir = Path(log_dir).absolute()
+            guard.watch([*reversed(run_dir.parents), run_dir])
 
     try:
         cli = EsperCLI(
@@ -116,9 +236,16 @@ def fit(argv: Sequence[str] | None = None) -> int:
             args=None if argv is None else ["fit", *argv],
             parser_kwargs={"prog": "esper"},
         )
-    except ConfigError as exc:  # from parsing, or from PPOModule.setup
-        print(f"esper fit: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
+    except Exception as exc:  # from parsing, building the run, or PPOModule.setup
+        # A RunFailure is a fault during training: its message already says where the
+        # checkpoint is, and the run folder holds what the updates before it wrote.
+        error = None if isinstance(exc, RunFailure) else _input_error(exc)
+        if error is None:
+            raise
+        guard.remove_created()
+        message = " ".join(str(error).split())  # one line, whatever the source wrote
+        print(f"esper fit: error: {message}", file=sys.stderr)
+        raise SystemExit(2) from None
     print(format_summary(cli.model))
     return 0
 
@@ -152,7 +279,15 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     ckpt = Path(args.ckpt)
     out = Path(args.out) if args.out else ckpt.resolve().parent.parent / "evaluation"
-    result = evaluate(ckpt, episodes=args.episodes, seed=args.seed, device=args.device)
+    try:
+        result = evaluate(ckpt, episodes=args.episodes, seed=args.seed, device=args.device)
+    except Exception as exc:
+        error = _input_error(exc)
+        if error is None:
+            raise
+        message = " ".join(str(error).split())
+        print(f"esper evaluate: error: {message}", file=sys.stderr)
+        return 2
     print(f"esper evaluate: {args.episodes} episode(s) per controller, seed {args.seed}, {ckpt}")
     print(result.table())
     for kind, path in result.write(out).items():

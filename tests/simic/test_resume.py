@@ -104,3 +104,48 @@ def test_a_checkpoint_from_another_setup_is_refused_with_the_difference(tmp_path
         trainer.fit(
             other, datamodule=small_data(), ckpt_path=str(tmp_path / "checkpoints" / "last.ckpt")
         )
+
+
+def test_configs_passed_as_dataclasses_save_as_plain_mappings_and_rebuild(tmp_path: Path) -> None:
+    from esper.kasmina import LifecycleConfig
+    from esper.simic.evaluate import load_module
+    from esper.simic.ppo import PPOConfig
+
+    L.seed_everything(0, verbose=False)
+    module = PPOModule(
+        n_envs=2,
+        episode_epochs=EPISODE_EPOCHS,
+        host_kwargs={"channels": [4, 8]},
+        ppo=PPOConfig(lr=1e-3),
+        lifecycle=LifecycleConfig(min_training_epochs=1),
+    )
+    trainer = L.Trainer(
+        max_epochs=1,
+        default_root_dir=tmp_path,
+        callbacks=default_checkpoints(),
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, datamodule=small_data())
+    path = tmp_path / "checkpoints" / "last.ckpt"
+
+    hparams = torch.load(path, weights_only=True)["hyper_parameters"]
+    assert hparams["ppo"]["lr"] == 1e-3 and hparams["lifecycle"]["min_training_epochs"] == 1
+    rebuilt, _ = load_module(path)
+    assert rebuilt.ppo_config == PPOConfig(lr=1e-3)
+    assert rebuilt.env_config.lifecycle == LifecycleConfig(min_training_epochs=1)
+
+
+def test_a_config_mapping_with_an_unknown_field_names_its_key() -> None:
+    from esper.simic.validation import ConfigError
+
+    with pytest.raises(ConfigError, match=r"model\.ppo has no field\(s\) \['learning_rate'\]"):
+        PPOModule(ppo={"learning_rate": 1e-3})  # type: ignore[arg-type]
+
+
+def test_the_checkpoint_io_refuses_an_unsafe_load(tmp_path: Path) -> None:
+    path = tmp_path / "last.ckpt"
+    EsperCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(2)}}, path)
+    with pytest.raises(CheckpointError, match="weights_only=True only"):
+        EsperCheckpointIO().load_checkpoint(path, weights_only=False)

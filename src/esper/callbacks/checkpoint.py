@@ -8,12 +8,15 @@ run (which logs to a new version) still finds ``last.ckpt``.
 
 :class:`EsperCheckpointIO` reads and writes them. Writes go to a temporary file that is
 renamed over the target only once complete, so a kill during a save leaves the previous
-checkpoint intact; a file that cannot be read raises :class:`CheckpointError` naming it.
+checkpoint intact. Reads (:func:`read_checkpoint`) are safe loads (``weights_only=True``),
+and a file that cannot be read raises :class:`CheckpointError` naming it.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -61,28 +64,74 @@ class EsperCheckpointIO(TorchCheckpointIO):
         map_location: Any = None,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
-        file = Path(path)
-        if not file.is_file():
+        if weights_only is False:
             raise CheckpointError(
-                f"checkpoint {file} does not exist; pass an existing .ckpt file or "
-                "`--ckpt_path last` to resume from the newest last.ckpt"
+                f"checkpoint {path}: EsperCheckpointIO loads with weights_only=True only, so "
+                "that reading a checkpoint never runs code; esper's checkpoints hold nothing else"
             )
-        try:
-            checkpoint = torch.load(
-                file, map_location=map_location or "cpu", weights_only=bool(weights_only)
-            )
-        except Exception as exc:
+        return read_checkpoint(path, map_location=map_location)
+
+
+#: Where a checkpoint that cannot be used leaves the user: the same advice for every case.
+_RESUME_ADVICE = (
+    "resume from another file (best-*.ckpt beside it, or an earlier copy) "
+    "or start afresh without --ckpt_path"
+)
+#: The class torch's safe loader refused, in its "Unsupported global" message.
+_UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+
+
+def read_checkpoint(path: str | os.PathLike[str], map_location: Any = None) -> dict[str, Any]:
+    """Load a Lightning checkpoint with ``torch.load(weights_only=True)``.
+
+    ``weights_only`` because a checkpoint may come from elsewhere and unpickling anything
+    more can run code; esper writes tensors, plain containers and numbers only. Every way a
+    file can be unusable raises :class:`CheckpointError` with a one-line message that names
+    the file and what is wrong with it, so the CLI can show that line instead of a traceback.
+    """
+    file = Path(path)
+    if not file.exists():
+        raise CheckpointError(
+            f"checkpoint {file} does not exist; pass an existing .ckpt file or "
+            "`--ckpt_path last` to resume from the newest last.ckpt"
+        )
+    if file.is_dir():
+        raise CheckpointError(
+            f"checkpoint {file} is a folder; pass a .ckpt file in it (e.g. {file / 'last.ckpt'})"
+        )
+    if file.stat().st_size == 0:
+        raise CheckpointError(f"checkpoint {file} is empty (0 bytes); {_RESUME_ADVICE}")
+    try:
+        checkpoint = torch.load(file, map_location=map_location or "cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        refused = _UNSUPPORTED_GLOBAL.search(str(exc))
+        if refused is None:
             raise CheckpointError(
-                f"checkpoint {file} could not be read ({type(exc).__name__}: {exc}); "
-                "it is truncated or not a checkpoint. Resume from another file (an earlier "
-                "one, or best-*.ckpt beside it) or start afresh without --ckpt_path"
+                f"checkpoint {file} is not a checkpoint, or is damaged "
+                f"({_first_line(exc)}); {_RESUME_ADVICE}"
             ) from exc
-        if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
-            raise CheckpointError(
-                f"checkpoint {file} holds no Lightning checkpoint (no 'state_dict' entry); "
-                "pass a .ckpt file written by esper fit"
-            )
-        return checkpoint
+        raise CheckpointError(
+            f"checkpoint {file} holds a {refused.group(1)} object, which a safe load refuses "
+            "because unpickling it could run code; it was not written by this version of "
+            f"esper fit. {_RESUME_ADVICE[0].upper()}{_RESUME_ADVICE[1:]}"
+        ) from exc
+    except Exception as exc:
+        raise CheckpointError(
+            f"checkpoint {file} could not be read ({type(exc).__name__}: {_first_line(exc)}); "
+            f"it is truncated or not a checkpoint: {_RESUME_ADVICE}"
+        ) from exc
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise CheckpointError(
+            f"checkpoint {file} holds no Lightning checkpoint (no 'state_dict' entry); "
+            "pass a .ckpt file written by esper fit"
+        )
+    return checkpoint
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first non-empty line of an exception's message: torch's can run to 20 lines."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 class _FixedFolderCheckpoint(ModelCheckpoint):

@@ -19,7 +19,15 @@ from torch import Tensor
 from esper.contracts import ActionSchema, BlendMode, LifecycleOp, ObservationLayout, SeedStage
 from esper.contracts.rollout import LifecycleEvent
 from esper.contracts.stages import COOLDOWN_PATH
-from esper.kasmina import BLUEPRINTS, HOSTS, GrowingHost, HostModel, LifecycleConfig, OptimConfig
+from esper.kasmina import (
+    BLUEPRINTS,
+    HOSTS,
+    GrowingHost,
+    HostModel,
+    LifecycleConfig,
+    OptimConfig,
+    SlotShape,
+)
 from esper.kasmina.lifecycle import GateSignals
 from esper.simic.rewards import REWARDS, RewardConfig, RewardFn, RewardInputs
 from esper.tamiyo.action_masks import ActionMasks
@@ -131,6 +139,28 @@ def build_host(config: EnvConfig, datamodule: HostDataModule) -> HostModel:
     )
 
 
+def _blueprint_names(config: EnvConfig, shapes: list[SlotShape]) -> tuple[str, ...]:
+    """The blueprints the policy chooses among: the configured ones, or all that fit a slot."""
+    names = config.blueprints or tuple(
+        n for n in BLUEPRINTS.names() if any(BLUEPRINTS.get(n).fits(sh) for sh in shapes)
+    )
+    if not names:
+        raise ValueError(f"no registered blueprint fits any slot of host {config.host!r}")
+    return tuple(names)
+
+
+def action_schema(config: EnvConfig, datamodule: HostDataModule) -> ActionSchema:
+    """The action space a run of ``config`` on ``datamodule`` has, without building the env.
+
+    It depends on the blueprint registry as it is now, so a plugin installed since a
+    checkpoint was written can change it; the CLI compares it with a checkpoint's before
+    a resumed run starts.
+    """
+    probe = build_host(config, datamodule)
+    shapes = [probe.slot(s).shape for s in probe.slot_ids]
+    return ActionSchema(probe.slot_ids, _blueprint_names(config, shapes))
+
+
 class MorphogeneticVecEnv:
     """``n_envs`` hosts trained in lock-step, one host epoch per step."""
 
@@ -146,12 +176,8 @@ class MorphogeneticVecEnv:
         probe = build_host(config, datamodule)
         self.slot_ids = probe.slot_ids
         shapes = [probe.slot(s).shape for s in self.slot_ids]
-        names = config.blueprints or tuple(
-            n for n in BLUEPRINTS.names() if any(BLUEPRINTS.get(n).fits(sh) for sh in shapes)
-        )
-        if not names:
-            raise ValueError(f"no registered blueprint fits any slot of host {config.host!r}")
-        self.blueprint_names = tuple(names)
+        names = _blueprint_names(config, shapes)
+        self.blueprint_names = names
         self.schema = ActionSchema(self.slot_ids, self.blueprint_names)
         self.blend_modes = self.schema.blend_modes
         bps = [BLUEPRINTS.get(n) for n in names]

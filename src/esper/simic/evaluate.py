@@ -26,8 +26,8 @@ import torch
 from esper.callbacks.checkpoint import CheckpointError, EsperCheckpointIO
 from esper.contracts.rollout import StepBatch
 from esper.simic.buffer import RolloutBuffer
-from esper.simic.env import MorphogeneticVecEnv
-from esper.simic.module import DATA_KEY, PPOModule
+from esper.simic.env import MorphogeneticVecEnv, action_schema
+from esper.simic.module import DATA_KEY, PPOModule, check_same_action_space, checkpoint_policy_spec
 from esper.simic.rollout import Controller, RolloutCollector
 from esper.tamiyo.baselines import STATE_SHAPE, NoGrowthController, RandomLegalController
 from esper.tamiyo.heuristic import HeuristicController
@@ -136,19 +136,39 @@ def load_datamodule(checkpoint: dict[str, Any], path: Path) -> HostDataModule:
             "written by an older esper: pass the data module to evaluate() yourself"
         )
     module_name, _, class_name = spec["class_path"].rpartition(".")
-    cls = getattr(importlib.import_module(module_name), class_name)
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise CheckpointError(
+            f"checkpoint {path} was trained on data module {spec['class_path']}, which cannot "
+            f"be imported here ({type(exc).__name__}: {exc}); install the package that "
+            "provides it"
+        ) from exc
     return cls(**spec["init_args"])
 
 
 def load_module(path: Path) -> tuple[PPOModule, dict[str, Any]]:
     """A PPOModule with the checkpoint's hyperparameters, policy and normaliser."""
     checkpoint = EsperCheckpointIO().load_checkpoint(path)
+    checkpoint_policy_spec(checkpoint, path)  # not PPOModule's: say so before building one
     accepted = inspect.signature(PPOModule.__init__).parameters
     # LightningCLI adds its own entries (e.g. "_instantiator") beside the module's arguments.
     hparams = {k: v for k, v in checkpoint.get("hyper_parameters", {}).items() if k in accepted}
-    module = PPOModule(**hparams)
+    try:
+        module = PPOModule(**hparams)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(
+            f"checkpoint {path} holds settings this esper does not accept ({exc}); "
+            "evaluate it with the esper version that wrote it"
+        ) from exc
     module.on_load_checkpoint(checkpoint)
-    module.load_state_dict(checkpoint["state_dict"])
+    try:
+        module.load_state_dict(checkpoint["state_dict"])
+    except RuntimeError as exc:
+        raise CheckpointError(
+            f"checkpoint {path} holds weights that do not fit its own policy spec "
+            f"({str(exc).splitlines()[0]}); the file is damaged"
+        ) from exc
     return module, checkpoint
 
 
@@ -171,6 +191,7 @@ def evaluate(
     data = datamodule or load_datamodule(checkpoint, path)
     config = replace(module.env_config, devices=None)
     assert module.policy is not None and module.normalizer is not None
+    check_same_action_space(module.policy.schema, action_schema(config, data), path)
     policy = module.policy.to(device).eval()
     normalizer = module.normalizer.to(device)
     eval_seed = EVAL_SEED_BASE + seed

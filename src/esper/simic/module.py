@@ -9,9 +9,12 @@ PPO makes many optimiser steps per rollout.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import os
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -31,7 +34,7 @@ from esper.simic.ppo import PPOConfig, make_optimizer, ppo_update
 from esper.simic.rewards import RewardConfig
 from esper.simic.rng import capture_rng_state, restore_rng_state
 from esper.simic.rollout import RolloutCollector, read_packed
-from esper.simic.validation import validate_run
+from esper.simic.validation import CONFIG_KEYS, ConfigError, validate_run
 from esper.tamiyo.policy import PolicyConfig, PolicyNetwork
 from esper.tolaria.data.base import HostDataModule
 
@@ -49,6 +52,105 @@ SPEC_KEY = "esper_policy_spec"
 DATA_KEY = "esper_data"
 #: Checkpoint key holding the random states and generators an exact resume needs.
 RUN_STATE_KEY = "esper_run_state"
+
+
+_Config = TypeVar("_Config")
+
+
+def _as_config(cls: type[_Config], value: _Config | Mapping[str, Any] | None) -> _Config:
+    """``value`` as a ``cls``: None gives the defaults, a mapping its fields.
+
+    Checkpoints keep nested configs as plain mappings (LightningCLI records them so, and
+    :meth:`PPOModule.on_save_checkpoint` turns dataclasses into mappings so that checkpoints
+    load with ``weights_only=True``), so a module rebuilt from one receives mappings.
+    """
+    if value is None:
+        return cls()
+    if isinstance(value, Mapping):
+        key = CONFIG_KEYS[cls]
+        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ConfigError(
+                key, f"{key} has no field(s) {unknown}; its fields are {sorted(known)}"
+            )
+        return cls(**value)
+    return value  # anything else is reported by validate_run with its key
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as what ``torch.load(weights_only=True)`` accepts.
+
+    Dataclasses become dicts, paths strings and enums their values: the configs and data
+    module arguments a checkpoint records, rebuilt from these plain forms on load.
+    """
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, enum.Enum):
+        return _plain(value.value)
+    return value
+
+
+def checkpoint_policy_spec(
+    checkpoint: Mapping[str, Any], where: object
+) -> tuple[ActionSchema, int]:
+    """The action space and observation size the checkpoint's policy was built for.
+
+    Raises :class:`CheckpointError` naming ``where`` (the file) when the checkpoint was not
+    written by ``PPOModule`` or its spec is damaged.
+    """
+    spec = checkpoint.get(SPEC_KEY)
+    if not isinstance(spec, Mapping):
+        raise CheckpointError(
+            f"checkpoint {where} has no {SPEC_KEY!r} entry: it was not written by esper fit "
+            "(PPOModule); pass a .ckpt file that esper fit wrote"
+        )
+    try:
+        schema = ActionSchema(
+            tuple(spec["slot_ids"]),
+            tuple(spec["blueprint_names"]),
+            tuple(BlendMode(m) for m in spec["blend_modes"]),
+        )
+        obs_dim = int(spec["obs_dim"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(
+            f"checkpoint {where} has a damaged {SPEC_KEY!r} entry ({type(exc).__name__}: {exc}); "
+            "pass a .ckpt file that esper fit wrote"
+        ) from exc
+    return schema, obs_dim
+
+
+def check_same_action_space(trained: ActionSchema, run: ActionSchema, where: object) -> None:
+    """Refuse a checkpoint whose policy chooses among other slots or blueprints than this run.
+
+    Its heads would be the wrong size (or, worse, the right size with other meanings): the
+    usual cause is a plugin that added or removed blueprints since the checkpoint was written.
+    """
+    if trained == run:
+        return
+    diffs = []
+    if trained.slot_ids != run.slot_ids:
+        diffs.append(f"slots {list(trained.slot_ids)} (this run: {list(run.slot_ids)})")
+    if trained.blueprint_names != run.blueprint_names:
+        diffs.append(
+            f"blueprints {list(trained.blueprint_names)} (this run: {list(run.blueprint_names)})"
+        )
+    if trained.blend_modes != run.blend_modes:
+        diffs.append(
+            f"blend modes {[m.name for m in trained.blend_modes]} "
+            f"(this run: {[m.name for m in run.blend_modes]})"
+        )
+    raise CheckpointError(
+        f"checkpoint {where} was trained with another action space: {'; '.join(diffs)}; "
+        "resume with the same host, data and blueprints (--model.blueprints lists them), "
+        "or start afresh without --ckpt_path"
+    )
 
 
 class RunFailure(RuntimeError):
@@ -118,17 +220,17 @@ class PPOModule(LightningModule):
             host_kwargs=dict(host_kwargs or {}),
             blueprints=tuple(blueprints) if blueprints is not None else None,
             reward=reward,
-            lifecycle=lifecycle or LifecycleConfig(),
-            optim=host_optim or OptimConfig(),
-            rewards=rewards or RewardConfig(),
+            lifecycle=_as_config(LifecycleConfig, lifecycle),
+            optim=_as_config(OptimConfig, host_optim),
+            rewards=_as_config(RewardConfig, rewards),
             on_oom=on_oom,
             compile=compile,
             amp=amp,
             devices=tuple(devices) if devices is not None else None,
         )
-        self.policy_config = policy or PolicyConfig()
-        self.ppo_config = ppo or PPOConfig()
-        self.normalizer_config = normalizer or NormalizerConfig()
+        self.policy_config = _as_config(PolicyConfig, policy)
+        self.ppo_config = _as_config(PPOConfig, ppo)
+        self.normalizer_config = _as_config(NormalizerConfig, normalizer)
         if ent_coef_final is not None and not ent_coef_final >= 0:
             raise ValueError(f"ent_coef_final must be >= 0 or None, got {ent_coef_final!r}")
         self.ent_coef_final = ent_coef_final
@@ -325,6 +427,8 @@ class PPOModule(LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Everything beyond weights and optimiser that a resumed run needs to continue exactly."""
         assert self.policy is not None and self.env is not None
+        if "hyper_parameters" in checkpoint:
+            checkpoint["hyper_parameters"] = _plain(dict(checkpoint["hyper_parameters"]))
         schema = self.policy.schema
         checkpoint[SPEC_KEY] = {
             "obs_dim": self._obs_dim,
@@ -335,7 +439,7 @@ class PPOModule(LightningModule):
         datamodule = self.env.datamodule
         checkpoint[DATA_KEY] = {
             "class_path": f"{type(datamodule).__module__}.{type(datamodule).__qualname__}",
-            "init_args": dict(getattr(datamodule, "init_args", {})),
+            "init_args": _plain(dict(getattr(datamodule, "init_args", {}))),
         }
         checkpoint[RUN_STATE_KEY] = {
             "ppo_generator": self._generator.get_state(),
@@ -345,24 +449,10 @@ class PPOModule(LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         where = getattr(getattr(self, "_trainer", None), "ckpt_path", None) or "the checkpoint"
-        spec = checkpoint.get(SPEC_KEY)
-        if spec is None:
-            raise CheckpointError(
-                f"{where} has no {SPEC_KEY!r} entry: it was not written by PPOModule"
-            )
-        schema = ActionSchema(
-            tuple(spec["slot_ids"]),
-            tuple(spec["blueprint_names"]),
-            tuple(BlendMode(m) for m in spec["blend_modes"]),
-        )
-        if self.policy is not None and self.policy.schema != schema:
-            raise CheckpointError(
-                f"{where} was trained with slots {list(schema.slot_ids)} and blueprints "
-                f"{list(schema.blueprint_names)}, but this run has "
-                f"{list(self.policy.schema.slot_ids)} and {list(self.policy.schema.blueprint_names)}; "
-                "resume with the same host, data and blueprints"
-            )
-        self._build_policy(spec["obs_dim"], schema)
+        schema, obs_dim = checkpoint_policy_spec(checkpoint, where)
+        if self.policy is not None:
+            check_same_action_space(schema, self.policy.schema, where)
+        self._build_policy(obs_dim, schema)
         state = checkpoint.get(RUN_STATE_KEY)
         if state is not None:
             if self.env is not None:

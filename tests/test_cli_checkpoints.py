@@ -1,0 +1,270 @@
+"""Checkpoints through the ``esper`` command, as a user meets them at a console.
+
+Every file ``esper fit`` writes loads with ``weights_only=True``; a run resumes from any
+checkpoint path; and every bad input (checkpoint file, data path) ends in one line that
+names the file, a non-zero exit status, no traceback and nothing new on disk.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_cli import TINY_CONFIG
+
+#: Generous for a tiny run on 2 busy CPU cores.
+TIMEOUT_S = 300
+#: A blueprint a "plugin" adds after a checkpoint was written: the action space changes.
+PLUGIN_BLUEPRINT = "conv_light_from_plugin"
+#: Run ``esper`` with one more blueprint registered, as an installed plugin would.
+WITH_PLUGIN = (
+    "import dataclasses, sys\n"
+    "from esper.kasmina import BLUEPRINTS\n"
+    "base = BLUEPRINTS.get('conv_light')\n"
+    f"BLUEPRINTS.register({PLUGIN_BLUEPRINT!r}, dataclasses.replace(base, name={PLUGIN_BLUEPRINT!r}))\n"
+    "from esper.cli import main\n"
+    "sys.exit(main())\n"
+)
+
+
+def esper(*args: str, cwd: Path, plugin: bool = False) -> subprocess.CompletedProcess[str]:
+    """``esper ARGS`` in a fresh process, stdout and stderr together as a console shows them."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "COLUMNS": "200"}
+    program = ["-c", WITH_PLUGIN] if plugin else ["-m", "esper.cli"]
+    return subprocess.run(
+        [sys.executable, *program, *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+
+
+def lines(result: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in result.stdout.splitlines() if line.strip()]
+
+
+def fit(root: Path, *extra: str, max_epochs: int = 1) -> subprocess.CompletedProcess[str]:
+    config = root.parent / "tiny.yaml"
+    config.write_text(TINY_CONFIG)
+    result = esper(
+        "fit",
+        "--config",
+        str(config),
+        "--trainer.default_root_dir",
+        str(root),
+        "--trainer.max_epochs",
+        str(max_epochs),
+        *extra,
+        cwd=root.parent,
+    )
+    assert result.returncode == 0, result.stdout
+    return result
+
+
+def policy_weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True)["state_dict"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The checkpoints folder of a finished 1-update run."""
+    root = tmp_path_factory.mktemp("trained") / "run"
+    fit(root)
+    return root / "checkpoints"
+
+
+# ------------------------------------------------------------------ safe checkpoints
+@pytest.mark.slow
+def test_every_checkpoint_fit_writes_loads_with_weights_only(trained: Path) -> None:
+    files = sorted(trained.glob("*.ckpt"))
+    assert {f.name for f in files} >= {"last.ckpt"}
+    assert any(f.name.startswith("best-") for f in files), [f.name for f in files]
+    for file in files:
+        checkpoint = torch.load(file, weights_only=True)
+        for key in ("state_dict", "esper_policy_spec", "esper_run_state", "hyper_parameters"):
+            assert key in checkpoint, (file.name, key)
+
+
+# ------------------------------------------------------------------ resume by path
+@pytest.mark.slow
+def test_resuming_from_a_copied_last_ckpt_by_path_ends_bit_identical(tmp_path: Path) -> None:
+    fit(tmp_path / "straight", max_epochs=3)
+    fit(tmp_path / "split", max_epochs=2)
+    elsewhere = tmp_path / "copied" / "somewhere.ckpt"
+    elsewhere.parent.mkdir()
+    shutil.copy(tmp_path / "split" / "checkpoints" / "last.ckpt", elsewhere)
+
+    resumed = fit(tmp_path / "resumed", "--ckpt_path", str(elsewhere), max_epochs=3)
+
+    assert "esper fit: 3 PPO update(s)" in resumed.stdout
+    straight = policy_weights(tmp_path / "straight" / "checkpoints" / "last.ckpt")
+    after = policy_weights(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    assert straight.keys() == after.keys()
+    for name, value in straight.items():
+        assert torch.equal(value, after[name]), name
+
+
+@pytest.mark.slow
+def test_a_best_checkpoint_resumes_by_path(trained: Path, tmp_path: Path) -> None:
+    best = next(trained.glob("best-*.ckpt"))
+    resumed = fit(tmp_path / "run", "--ckpt_path", str(best), max_epochs=2)
+    assert "esper fit: 2 PPO update(s)" in resumed.stdout
+
+
+# ------------------------------------------------------------------ bad checkpoint files
+def _truncated(good: Path, path: Path) -> None:
+    path.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+
+
+def _empty(good: Path, path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def _not_a_checkpoint(good: Path, path: Path) -> None:
+    path.write_text("these are notes, not a checkpoint\n")
+
+
+def _no_state_dict(good: Path, path: Path) -> None:
+    torch.save({"weights": torch.zeros(3)}, path)
+
+
+def _code_on_load(good: Path, path: Path) -> None:
+    # Loading this without weights_only would import and call pathlib: it must be refused.
+    checkpoint = torch.load(good, weights_only=True)
+    checkpoint["extra"] = Path("/anything")
+    torch.save(checkpoint, path)
+
+
+def _not_from_esper(good: Path, path: Path) -> None:
+    checkpoint = torch.load(good, weights_only=True)
+    del checkpoint["esper_policy_spec"]
+    torch.save(checkpoint, path)
+
+
+BAD_FILES = {
+    "truncated": (_truncated, "truncated"),
+    "empty": (_empty, "empty"),
+    "not_a_checkpoint": (_not_a_checkpoint, "not a checkpoint"),
+    "no_state_dict": (_no_state_dict, "no Lightning checkpoint"),
+    "code_on_load": (_code_on_load, "safe load refuses"),
+    "not_from_esper": (_not_from_esper, "not written by esper fit"),
+}
+
+
+def _assert_one_line_naming(
+    result: subprocess.CompletedProcess[str], named: Path, says: str, before: set[Path], cwd: Path
+) -> None:
+    shown = lines(result)
+    assert result.returncode != 0, result.stdout
+    assert len(shown) == 1, result.stdout
+    assert "Traceback" not in result.stdout
+    assert named.name in shown[0] and says in shown[0], shown[0]
+    assert set(cwd.rglob("*")) == before, "the failed run left files behind"
+
+
+def _command(kind: str, path: Path, cwd: Path) -> list[str]:
+    if kind == "fit":
+        config = cwd / "tiny.yaml"
+        config.write_text(TINY_CONFIG)
+        return ["fit", "--config", str(config), "--ckpt_path", str(path)]
+    return ["evaluate", "--ckpt", str(path), "--episodes", "1"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["fit", "evaluate"])
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_a_bad_checkpoint_file_is_one_line_naming_it(
+    trained: Path, tmp_path: Path, kind: str, case: str
+) -> None:
+    make, says = BAD_FILES[case]
+    path = tmp_path / f"{case}.ckpt"
+    make(trained / "last.ckpt", path)
+    content = path.read_bytes()
+    command = _command(kind, path, tmp_path)
+    before = set(tmp_path.rglob("*"))
+
+    result = esper(*command, cwd=tmp_path)
+
+    _assert_one_line_naming(result, path, says, before, tmp_path)
+    assert path.read_bytes() == content, "the checkpoint was modified"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["fit", "evaluate"])
+def test_a_missing_checkpoint_is_one_line_naming_it(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "gone" / "last.ckpt"
+    command = _command(kind, path, tmp_path)
+    before = set(tmp_path.rglob("*"))
+    result = esper(*command, cwd=tmp_path)
+    _assert_one_line_naming(result, path, "does not exist", before, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["fit", "evaluate"])
+def test_a_checkpoint_from_another_action_space_is_one_line_naming_it(
+    trained: Path, tmp_path: Path, kind: str
+) -> None:
+    path = tmp_path / "before_the_plugin.ckpt"
+    shutil.copy(trained / "last.ckpt", path)
+    command = _command(kind, path, tmp_path)
+    before = set(tmp_path.rglob("*"))
+
+    result = esper(*command, cwd=tmp_path, plugin=True)
+
+    _assert_one_line_naming(result, path, "another action space", before, tmp_path)
+    assert PLUGIN_BLUEPRINT in lines(result)[0]
+
+
+# ------------------------------------------------------------------ bad data paths
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "named", "says"),
+    [
+        (
+            ["--data", "esper.tolaria.data.Cifar10DataModule", "--data.root", "{missing}"],
+            "{missing}",
+            "CIFAR-10 not found",
+        ),
+        (
+            [
+                "--data",
+                "esper.tolaria.data.TokenSequenceDataModule",
+                "--data.text_path",
+                "{missing}/book.txt",
+                "--data.val_fraction",
+                "0.2",
+                "--model.host",
+                "transformer",
+            ],
+            "{missing}/book.txt",
+            "does not exist",
+        ),
+    ],
+    ids=["cifar_root", "text_path"],
+)
+def test_a_missing_data_path_is_one_line_naming_it(
+    tmp_path: Path, args: list[str], named: str, says: str
+) -> None:
+    missing = str(tmp_path / "nowhere")
+    before = set(tmp_path.rglob("*"))
+    result = esper(
+        "fit",
+        *(a.format(missing=missing) for a in args),
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        cwd=tmp_path,
+    )
+    shown = lines(result)
+    assert result.returncode != 0 and len(shown) == 1, result.stdout
+    assert "Traceback" not in result.stdout
+    assert named.format(missing=missing) in shown[0] and says in shown[0], shown[0]
+    assert set(tmp_path.rglob("*")) == before, "the failed run left files behind"
