@@ -13,7 +13,7 @@ from torch import nn
 from esper.contracts import BlendMode, SeedStage
 from esper.kasmina.hosts.base import HostModel
 from esper.kasmina.lifecycle import GateResult, GateSignals
-from esper.kasmina.optim import OptimConfig
+from esper.kasmina.optim import BASE_LR_KEY, OptimConfig
 
 
 class GrowingHost:
@@ -22,6 +22,8 @@ class GrowingHost:
     def __init__(self, model: HostModel, optim: OptimConfig | None = None) -> None:
         self.model = model
         self.optim = optim or OptimConfig()
+        #: Where the learning-rate schedule stands: every optimizer runs at base * this.
+        self.lr_factor = 1.0
         self.host_optimizer = self.optim.make(model.host_parameters(), self.optim.host_lr)
         self.seed_optimizers: dict[str, torch.optim.Optimizer] = {}
 
@@ -42,7 +44,9 @@ class GrowingHost:
     def germinate(self, slot_id: str, blueprint: str, blend_mode: BlendMode) -> nn.Module:
         slot = self.model.slot(slot_id)
         seed = slot.germinate(blueprint, blend_mode)
-        self.seed_optimizers[slot_id] = self.optim.make(slot.seed_parameters(), self.optim.seed_lr)
+        self.seed_optimizers[slot_id] = self.optim.make(
+            slot.seed_parameters(), self.optim.seed_lr, self.lr_factor
+        )
         return seed
 
     def advance(self, slot_id: str, signals: GateSignals) -> GateResult:
@@ -56,7 +60,10 @@ class GrowingHost:
         """The seed's parameters join the host optimizer; its own optimizer is dropped."""
         params = list(self.model.slot(slot_id).seed_parameters())
         del self.seed_optimizers[slot_id]
-        self.host_optimizer.add_param_group({"params": params, "lr": self.optim.host_lr})
+        base = self.optim.host_lr
+        self.host_optimizer.add_param_group(
+            {"params": params, "lr": base * self.lr_factor, BASE_LR_KEY: base}
+        )
 
     def prune(self, slot_id: str) -> None:
         self.model.slot(slot_id).prune()
@@ -72,6 +79,13 @@ class GrowingHost:
         return entered
 
     # ------------------------------------------------------------ training
+    def set_progress(self, progress: float) -> None:
+        """Set every learning rate for ``progress`` in [0, 1] through the episode."""
+        self.lr_factor = self.optim.lr_factor(progress)
+        for optimizer in (self.host_optimizer, *self.seed_optimizers.values()):
+            for group in optimizer.param_groups:
+                group["lr"] = group[BASE_LR_KEY] * self.lr_factor
+
     def zero_grad(self) -> None:
         self.host_optimizer.zero_grad(set_to_none=True)
         for opt in self.seed_optimizers.values():

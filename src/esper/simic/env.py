@@ -266,6 +266,9 @@ class MorphogeneticVecEnv:
 
     def train_epoch(self) -> EpochResult:
         """One host epoch for every env; the lifecycle clocks tick after it."""
+        progress = self.host_epoch / self.config.episode_epochs
+        for host in self.hosts:
+            host.set_progress(progress)
         try:
             result = run_epoch(
                 self.hosts,
