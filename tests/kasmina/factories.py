@@ -59,3 +59,18 @@ def fitting_cases(all_slots: bool = True) -> list:
                 if BLUEPRINTS.get(name).fits(shape):
                     cases.append(pytest.param(kind, slot_id, name, id=f"{kind}-{slot_id}-{name}"))
     return cases
+
+
+def train_backward(host: HostModel, x: Tensor, y: Tensor) -> Tensor:
+    """The gradients of one host training step, as ``run_epoch`` makes them.
+
+    The host's own forward and backward, then the incubation pass that trains seeds in
+    TRAINING (``esper.kasmina.incubation``).
+    """
+    from esper.kasmina.incubation import incubating_slots, incubation_loss
+
+    out = forward_backward(host, x, y)
+    slots = incubating_slots(host)
+    if slots:
+        incubation_loss(host, slots, x, y).backward()
+    return out

@@ -10,7 +10,7 @@ import torch
 
 from esper.contracts import BlendMode, IllegalTransitionError, SeedStage
 from esper.kasmina import GateSignals, GrowingHost, OptimConfig
-from tests.kasmina.factories import FAST, forward_backward, make_batch, make_host
+from tests.kasmina.factories import FAST, forward_backward, make_batch, make_host, train_backward
 
 GOOD = GateSignals(grads_finite=True, contribution=1.0)
 
@@ -204,7 +204,7 @@ def test_step_updates_seed_with_its_optimizer_and_zero_grad_clears_all(
     seed_before = [p.detach().clone() for p in slot.seed_parameters()]
     host_before = [p.detach().clone() for p in grown.model.host_parameters()]
     x, y = make_batch(grown.model)
-    forward_backward(grown.model, x, y)
+    train_backward(grown.model, x, y)
     grown.step()
     seed_changed = [
         not torch.equal(a, p) for a, p in zip(seed_before, slot.seed_parameters(), strict=True)

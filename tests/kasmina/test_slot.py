@@ -19,6 +19,7 @@ from esper.kasmina import (
     SlotShape,
 )
 from esper.kasmina.blueprints import BLUEPRINTS
+from esper.kasmina.incubation import incubating_slots, incubation_loss
 from esper.kasmina.slot import GATE_INIT_LOGIT, ChannelGate
 from tests.kasmina.factories import (
     FAST,
@@ -26,6 +27,7 @@ from tests.kasmina.factories import (
     forward_backward,
     make_batch,
     make_host,
+    train_backward,
 )
 
 ALL_CASES = fitting_cases(all_slots=True)
@@ -81,7 +83,7 @@ def test_training_seed_leaves_host_grads_and_outputs_bit_identical(
     x, y = make_batch(host)
 
     out_host = forward_backward(host, x, y)
-    out_grown = forward_backward(grown, x, y)
+    out_grown = train_backward(grown, x, y)  # the host's pass, then the seed's incubation
 
     assert torch.equal(out_host, out_grown)
     host_params = dict(host.named_parameters())
@@ -168,11 +170,11 @@ def test_seed_sees_detached_host_activation_until_fossilized(
     assert slot.seed is not None
     slot.seed.register_forward_pre_hook(lambda _m, args: seen.append(args[0].requires_grad))
     x, y = make_batch(host)
-    forward_backward(host, x, y)
+    train_backward(host, x, y)
     assert seen == [not detached]
 
 
-def test_training_seed_is_skipped_in_eval_and_no_grad_forward() -> None:
+def test_training_seed_runs_only_in_the_incubation_pass() -> None:
     host = make_host("cnn")
     slot = host.slot("stage0")
     slot.germinate("conv_light", BlendMode.LINEAR)
@@ -180,14 +182,15 @@ def test_training_seed_is_skipped_in_eval_and_no_grad_forward() -> None:
     calls: list[int] = []
     assert slot.seed is not None
     slot.seed.register_forward_hook(lambda *_: calls.append(1))
-    x, _ = make_batch(host)
+    x, y = make_batch(host)
     host.eval()
     host(x)
     host.train()
     with torch.no_grad():
         host(x)
-    assert calls == []
     host(x)
+    assert calls == []
+    incubation_loss(host, incubating_slots(host), x, y)
     assert calls == [1]
 
 

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 from esper.contracts import BlendMode, SeedStage
 from esper.host_reads import HostReadCounter
 from esper.kasmina import CNNHost, GrowingHost, LifecycleConfig, TransformerHost
+from esper.kasmina.incubation import incubating_slots, incubation_loss
 from esper.kasmina.lifecycle import GateSignals
 from esper.tolaria.epoch import run_epoch
 from tests.tolaria.loaders import image_loaders, token_loaders
@@ -90,6 +91,9 @@ def test_each_env_trains_exactly_on_its_own_share_of_every_batch() -> None:
             out = ref.model(xe)
             loss, c, n = ref.model.loss_and_correct(out, ye)
             loss.backward()
+            incubating = incubating_slots(ref.model)  # TRAINING seeds learn in their own pass
+            if incubating:
+                incubation_loss(ref.model, incubating, xe, ye).backward()
             ref.step()
             loss_sum += loss.item() * n
             correct += int(c)

@@ -3,11 +3,10 @@
 ``forward(h) = h + alpha * seed(h_in)`` where ``h_in`` is ``h`` detached until the seed is
 fossilized: the seed's path never sends gradients back into the host's earlier layers.
 
-While TRAINING, alpha is 0 for the host's sake, yet the seed must learn. The slot uses
-a straight-through term, ``h + (delta - delta.detach())``: its value is exactly ``h`` (so
-every downstream activation, and therefore every host gradient, is bit-identical to the
-host alone), while the seed's parameters receive the gradient of the host's loss with
-respect to this activation, i.e. they learn the direction of the host's residual error.
+While TRAINING, alpha is 0: the slot passes ``h`` through, so the host trains exactly as
+it would alone. The seed learns in a separate pass (``esper.kasmina.incubation``) in
+which the slot is ``incubating`` and adds the seed at full strength against a frozen
+host, so it leaves TRAINING as a fitted residual.
 """
 
 from __future__ import annotations
@@ -57,6 +56,8 @@ class SeedSlot(nn.Module):
         self.register_buffer("_alpha_t", torch.zeros(()), persistent=False)
         # Per-replica alpha multipliers for the fused counterfactual pass; see `counterfactual`.
         self._cf_scale: Tensor | None = None
+        #: Set during the incubation pass: a TRAINING seed then adds its output at alpha 1.
+        self.incubating = False
 
     # ------------------------------------------------------------------ queries
     @property
@@ -128,10 +129,9 @@ class SeedSlot(nn.Module):
         if seed is None or stage is SeedStage.GERMINATED:
             return h
         if stage is SeedStage.TRAINING:
-            if not (self.training and torch.is_grad_enabled()):
-                return h  # the straight-through term is exactly zero; skip the work
-            delta = seed(h.detach())
-            return h + (delta - delta.detach())
+            if not self.incubating:
+                return h  # alpha 0: the host trains alone; the seed learns in incubation
+            return h + seed(h.detach())
         delta = seed(h if stage is SeedStage.FOSSILIZED else h.detach())
         if self.gate is not None:
             delta = self.gate(delta)

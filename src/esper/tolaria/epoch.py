@@ -19,6 +19,7 @@ from torch import Tensor
 from esper.contracts import SeedStage
 from esper.kasmina.growing_host import GrowingHost
 from esper.kasmina.hosts.base import HostModel
+from esper.kasmina.incubation import incubating_slots, incubation_loss
 
 #: Autocast dtypes by the ``amp`` setting (None: full precision).
 AMP_DTYPES: dict[str, torch.dtype | None] = {
@@ -273,20 +274,26 @@ def _train_step(
 ) -> None:
     env.zero_grad()
     env.model.check_input(x)  # host-side shape check, outside any compiled graph
-    with torch.autocast(
+    autocast = torch.autocast(
         env.device.type, dtype=options.amp_dtype, enabled=options.amp_dtype is not None
-    ):
+    )
+    with autocast:
         loss, correct = options.forward_loss(env.model, x, y)
     count = y.numel()
     scaler = options.scalers.get(env.device) if options.scalers is not None else None
+    (loss if scaler is None else scaler.scale(loss)).backward()
+    incubating = incubating_slots(env.model)
+    if incubating:
+        # TRAINING seeds learn from their own pass; it adds gradients to them alone.
+        with autocast:
+            seed_loss = incubation_loss(env.model, incubating, x, y)
+        (seed_loss if scaler is None else scaler.scale(seed_loss)).backward()
     if scaler is None:
-        loss.backward()
         _update_grad_flags(env, acc.grads_finite)
         env.step()
     else:
         # fp16: one GradScaler per device. Its step() reads the overflow flag on the host
         # (torch's design); bf16 needs no scaler and reads nothing.
-        scaler.scale(loss).backward()
         optimizers = [env.host_optimizer, *env.seed_optimizers.values()]
         for opt in optimizers:
             scaler.unscale_(opt)
