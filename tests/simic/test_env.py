@@ -43,19 +43,93 @@ def test_an_op_the_mask_forbids_is_flagged_illegal_and_changes_nothing() -> None
     assert (env.stages() == SeedStage.DORMANT).all()
 
 
-def test_an_advance_a_gate_refuses_is_reported_and_observed() -> None:
+WAIT = np.array([[LifecycleOp.WAIT, 0, 0, 0]])
+
+
+def _step(env, actions: np.ndarray, metrics: np.ndarray | None = None):  # type: ignore[no-untyped-def]
+    """One decision and the epoch after it, as the rollout loop takes them."""
+    outcome = env.apply(actions, _metrics(env) if metrics is None else metrics)
+    env.train_epoch()
+    env.observe()
+    return outcome
+
+
+def _clock_events(env) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    return [(e.stage_to, e.reason) for e in env.drain_events() if e.kind == "advanced"]
+
+
+def test_the_clock_carries_a_planted_seed_to_holding_without_the_policy() -> None:
     env = _ready(1)
-    env.apply(np.array([[LifecycleOp.GERMINATE, 0, 0, 0]]), _metrics(env))
-    env.train_epoch()
+    lifecycle = env.config.lifecycle
+    _step(env, np.array([[LifecycleOp.GERMINATE, 0, 0, 0]]))
+    slot = env.hosts[0].model.slot(env.slot_ids[0])
+    seen = [slot.stage]
+    for _ in range(1 + lifecycle.min_training_epochs + lifecycle.blend_epochs):
+        _step(env, WAIT)
+        seen.append(slot.stage)
+    assert seen == [
+        SeedStage.GERMINATED,
+        SeedStage.TRAINING,
+        *[SeedStage.TRAINING] * (lifecycle.min_training_epochs - 1),
+        SeedStage.BLENDING,
+        *[SeedStage.BLENDING] * (lifecycle.blend_epochs - 1),
+        SeedStage.HOLDING,
+    ]
+
+
+def test_clock_advances_are_reported_as_such() -> None:
+    env = _ready(1)
+    env.drain_events()
+    _step(env, np.array([[LifecycleOp.GERMINATE, 0, 0, 0]]))
+    _step(env, WAIT)
+    assert ("TRAINING", "clock") in _clock_events(env)
+
+
+def _holding(env) -> None:  # type: ignore[no-untyped-def]
+    """Plant a seed in env 0's first slot and wait until FOSSILIZE is offered."""
+    _step(env, np.array([[LifecycleOp.GERMINATE, 0, 0, 0]]))
+    slot = env.hosts[0].model.slot(env.slot_ids[0])
+    while not (slot.stage is SeedStage.HOLDING and _fossilize_offered(env)):
+        _step(env, WAIT)
+
+
+def _fossilize_offered(env) -> bool:  # type: ignore[no-untyped-def]
+    _, masks = env.observe()
+    return bool(masks.slot[0, LifecycleOp.ADVANCE, 0])
+
+
+def test_a_fossilize_the_gate_refuses_is_reported_and_observed() -> None:
+    env = small_env(1, episode_epochs=12)
+    env.reset()
     env.observe()
-    env.apply(np.array([[LifecycleOp.ADVANCE, 0, 0, 0]]), _metrics(env))  # -> TRAINING
-    env.train_epoch()
-    env.observe()
-    outcome = env.apply(np.array([[LifecycleOp.ADVANCE, 0, 0, 0]]), _metrics(env))
-    assert outcome.refused.tolist() == [True]  # min_training_epochs not yet served
+    _holding(env)
+    metrics = _metrics(env)
+    metrics[0, env.slot_columns("contribution")] = 0.0  # not above min_contribution 0
+    env.drain_events()
+
+    outcome = env.apply(np.array([[LifecycleOp.ADVANCE, 0, 0, 0]]), metrics)
+
+    assert outcome.refused.tolist() == [True] and outcome.illegal.tolist() == [False]
+    refusals = [e for e in env.drain_events() if e.kind == "refused"]
+    assert len(refusals) == 1 and "contribution" in refusals[0].reason
     obs, _ = env.observe()
     refused = env.layout["slot0.gate_refused"].start
     assert obs[0, refused].item() == 1.0
+
+
+def test_a_seed_whose_gradients_are_not_finite_is_held_back_and_reported_once() -> None:
+    env = _ready(1)
+    _step(env, np.array([[LifecycleOp.GERMINATE, 0, 0, 0]]))
+    _step(env, WAIT)  # -> TRAINING
+    env.drain_events()
+    slot = env.hosts[0].model.slot(env.slot_ids[0])
+    for _ in range(env.config.lifecycle.min_training_epochs + 1):
+        metrics = _metrics(env)
+        metrics[0, env.slot_columns("grads_finite")] = 0.0
+        env.apply(WAIT, metrics)
+    assert slot.stage is SeedStage.TRAINING
+    refusals = [e for e in env.drain_events() if e.kind == "refused"]
+    assert len(refusals) == 1 and "not finite" in refusals[0].reason
 
 
 def test_rewards_come_back_as_named_components() -> None:

@@ -39,6 +39,16 @@ SUCCESS_PATH: tuple[SeedStage, ...] = (
     SeedStage.FOSSILIZED,
 )
 
+#: Stages the clock moves on by itself once their gate passes (GERMINATED -> TRAINING ->
+#: BLENDING -> HOLDING): they only wait for time, so they are no decision for the policy.
+CLOCK_STAGES: frozenset[SeedStage] = frozenset(
+    {SeedStage.GERMINATED, SeedStage.TRAINING, SeedStage.BLENDING}
+)
+
+#: Stages whose seed's counterfactual contribution is measured (its output reaches the
+#: host): only these seeds can be judged, so only these are offered to PRUNE.
+JUDGEABLE_STAGES: frozenset[SeedStage] = frozenset({SeedStage.BLENDING, SeedStage.HOLDING})
+
 #: The cool-down after a prune; each step is taken by the clock, not by the policy.
 COOLDOWN_PATH: tuple[SeedStage, ...] = (
     SeedStage.PRUNED,

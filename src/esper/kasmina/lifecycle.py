@@ -69,12 +69,20 @@ class GateSignals:
 class GateResult:
     passed: bool
     reason: str = ""
+    #: Refused only because too few epochs have passed: the seed is waiting, not failing.
+    #: Such advances happen on their own once due (the env's clock), and the policy is
+    #: never offered them, so they are no decision and cost no reward.
+    waiting: bool = False
 
     def __bool__(self) -> bool:
         return self.passed
 
 
 PASSED = GateResult(True)
+
+
+def _waiting(reason: str) -> GateResult:
+    return GateResult(False, reason, waiting=True)
 
 
 class SeedLifecycle:
@@ -131,12 +139,12 @@ class SeedLifecycle:
         if not signals.grads_finite:
             return GateResult(False, "seed gradients were not finite in the last epoch")
         if target is SeedStage.BLENDING and n < cfg.min_training_epochs:
-            return GateResult(False, f"TRAINING for {n} of {cfg.min_training_epochs} epochs")
+            return _waiting(f"TRAINING for {n} of {cfg.min_training_epochs} epochs")
         if target is SeedStage.HOLDING and n < cfg.blend_epochs:
-            return GateResult(False, f"BLENDING for {n} of {cfg.blend_epochs} epochs")
+            return _waiting(f"BLENDING for {n} of {cfg.blend_epochs} epochs")
         if target is SeedStage.FOSSILIZED:
             if n < cfg.min_holding_epochs:
-                return GateResult(False, f"HOLDING for {n} of {cfg.min_holding_epochs} epochs")
+                return _waiting(f"HOLDING for {n} of {cfg.min_holding_epochs} epochs")
             if not signals.contribution > cfg.min_contribution:
                 return GateResult(
                     False,
@@ -144,6 +152,13 @@ class SeedLifecycle:
                     f"{cfg.min_contribution:+.4f}",
                 )
         return PASSED
+
+    def gate_next(self, signals: GateSignals) -> GateResult:
+        """The gate of the next stage on the success path (see :meth:`advance`)."""
+        target = next_on_success_path(self.stage)
+        if target is None:
+            raise IllegalTransitionError(f"no stage follows {self.stage.name} on the success path")
+        return self.gate(target, signals)
 
     def advance(self, signals: GateSignals) -> GateResult:
         """Move one step along the success path if the gate allows it.

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from esper.contracts import ActionSchema, BlendMode, LifecycleOp, ObservationLayout, SeedStage
 from esper.contracts.rollout import LifecycleEvent
-from esper.contracts.stages import COOLDOWN_PATH
+from esper.contracts.stages import CLOCK_STAGES, COOLDOWN_PATH
 from esper.kasmina import (
     BLUEPRINTS,
     HOSTS,
@@ -191,7 +191,7 @@ class MorphogeneticVecEnv:
         )
         self.layout = ObservationLayout(len(self.slot_ids), len(names))
         budget = config.rewards.param_budget
-        self.masks = MaskBuilder(self.schema, fits, params, budget)
+        self.masks = MaskBuilder(self.schema, fits, params, budget, config.lifecycle)
         self.observations = ObservationBuilder(
             self.layout, config.episode_epochs, budget, self.device
         )
@@ -228,6 +228,16 @@ class MorphogeneticVecEnv:
     @property
     def decisions_per_episode(self) -> int:
         return self.config.episode_epochs - 1
+
+    def epochs_in_stage(self) -> np.ndarray:
+        """``[E, S]`` int epochs every slot has spent in its current stage."""
+        return np.array(
+            [
+                [h.model.slot(s).lifecycle.epochs_in_stage for s in self.slot_ids]
+                for h in self.hosts
+            ],
+            dtype=np.int64,
+        ).reshape(self.n_envs, self.n_slots)
 
     def stages(self) -> np.ndarray:
         """``[E, S]`` int stage of every slot."""
@@ -324,8 +334,9 @@ class MorphogeneticVecEnv:
         obs = self.observations.build(self.result, self._prev_val_acc, self._best_val_acc, envs)
         stages = self.stages()
         seed_params = np.array([env.seed_params for env in envs], dtype=np.int64)
-        self._mask_arrays = self.masks.build_numpy(stages, seed_params)
-        masks = self.masks.build(stages, seed_params, self.device)
+        epochs = self.epochs_in_stage()
+        self._mask_arrays = self.masks.build_numpy(stages, seed_params, epochs)
+        masks = self.masks.build(stages, seed_params, epochs, self.device)
         return obs, masks
 
     def _slot_state(self, host: GrowingHost, env: int, s: int) -> SlotState:
@@ -408,48 +419,91 @@ class MorphogeneticVecEnv:
         for e, host in enumerate(self.hosts):
             if active is not None and not active[e]:
                 continue
-            op, s, bp, blend = (int(a) for a in actions[e])
-            if not self.masks.is_legal(self._mask_arrays, e, actions[e]):
-                out["illegal"][e] = True
-                continue
-            if op == LifecycleOp.WAIT:
-                continue
-            slot_id = self.slot_ids[s]
-            slot = host.model.slot(slot_id)
-            before = slot.stage
-            if op == LifecycleOp.GERMINATE:
-                name = self.blueprint_names[bp]
-                # A generator per (env, epoch, slot): one env's choices never shift the
-                # random numbers another env's seeds are initialised with.
-                with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(self._seed_rng_key(e, s))
-                    host.germinate(slot_id, name, BlendMode(self.blend_modes[blend]))
-                out["germinated"][e] = out["applied"][e] = True
-                self._refused[e, s] = False
-                self._event("germinated", e, slot_id, before, slot.stage, blueprint=name)
-            elif op == LifecycleOp.ADVANCE:
-                signals = GateSignals(
-                    grads_finite=bool(grads_finite[e, s]),
-                    contribution=float(contribution[e, s]),
-                )
-                result = host.advance(slot_id, signals)
-                self._refused[e, s] = not result.passed
-                out["refused"][e] = not result.passed
-                out["applied"][e] = result.passed
-                out["fossilized"][e] = result.passed and slot.stage is SeedStage.FOSSILIZED
-                if result.passed:
-                    self._event("advanced", e, slot_id, before, slot.stage)
-                    if out["fossilized"][e]:
-                        self._event("fossilized", e, slot_id, before, slot.stage)
-                else:
-                    self._event("refused", e, slot_id, before, before, reason=result.reason)
-            elif op == LifecycleOp.PRUNE:
-                blueprint = slot.lifecycle.blueprint or ""
-                host.prune(slot_id)
-                out["pruned"][e] = out["applied"][e] = True
-                self._refused[e, s] = False
-                self._event("pruned", e, slot_id, before, slot.stage, blueprint=blueprint)
+            self._apply_one(e, host, actions[e], contribution[e], grads_finite[e], out)
+            self._advance_on_clock(e, host, grads_finite[e], just_planted=out["germinated"][e])
         return StepOutcome(**out)
+
+    def _advance_on_clock(
+        self, e: int, host: GrowingHost, grads_finite: np.ndarray, just_planted: bool
+    ) -> None:
+        """Move env ``e``'s seeds on from the stages that only wait for time.
+
+        GERMINATED -> TRAINING -> BLENDING -> HOLDING need no judgement, only epochs and
+        finite gradients, so they happen here as soon as their gate passes and are never
+        the policy's decision. A refusal for another reason than time (gradients not
+        finite) is reported like any other; waiting is not. A seed planted this step keeps
+        its GERMINATED epoch.
+        """
+        for s, slot_id in enumerate(self.slot_ids):
+            slot = host.model.slot(slot_id)
+            if slot.stage not in CLOCK_STAGES or (
+                just_planted and slot.stage is SeedStage.GERMINATED
+            ):
+                continue
+            signals = GateSignals(grads_finite=bool(grads_finite[s]))
+            result = slot.lifecycle.gate_next(signals)
+            if result.waiting:
+                continue
+            before = slot.stage
+            if result.passed:
+                host.advance(slot_id, signals)
+                self._refused[e, s] = False
+                self._event("advanced", e, slot_id, before, slot.stage, reason="clock")
+            elif not self._refused[e, s]:
+                self._refused[e, s] = True
+                self._event("refused", e, slot_id, before, before, reason=result.reason)
+
+    def _apply_one(
+        self,
+        e: int,
+        host: GrowingHost,
+        action: np.ndarray,
+        contribution: np.ndarray,
+        grads_finite: np.ndarray,
+        out: dict[str, np.ndarray],
+    ) -> None:
+        """Carry out env ``e``'s chosen op, recording what it did in ``out``."""
+        op, s, bp, blend = (int(a) for a in action)
+        if not self.masks.is_legal(self._mask_arrays, e, action):
+            out["illegal"][e] = True
+            return
+        if op == LifecycleOp.WAIT:
+            return
+        slot_id = self.slot_ids[s]
+        slot = host.model.slot(slot_id)
+        before = slot.stage
+        if op == LifecycleOp.GERMINATE:
+            name = self.blueprint_names[bp]
+            # A generator per (env, epoch, slot): one env's choices never shift the
+            # random numbers another env's seeds are initialised with.
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self._seed_rng_key(e, s))
+                host.germinate(slot_id, name, BlendMode(self.blend_modes[blend]))
+            out["germinated"][e] = out["applied"][e] = True
+            self._refused[e, s] = False
+            self._event("germinated", e, slot_id, before, slot.stage, blueprint=name)
+        elif op == LifecycleOp.ADVANCE:
+            signals = GateSignals(
+                grads_finite=bool(grads_finite[s]),
+                contribution=float(contribution[s]),
+            )
+            result = host.advance(slot_id, signals)
+            self._refused[e, s] = not result.passed
+            out["refused"][e] = not result.passed
+            out["applied"][e] = result.passed
+            out["fossilized"][e] = result.passed and slot.stage is SeedStage.FOSSILIZED
+            if result.passed:
+                self._event("advanced", e, slot_id, before, slot.stage)
+                if out["fossilized"][e]:
+                    self._event("fossilized", e, slot_id, before, slot.stage)
+            else:
+                self._event("refused", e, slot_id, before, before, reason=result.reason)
+        elif op == LifecycleOp.PRUNE:
+            blueprint = slot.lifecycle.blueprint or ""
+            host.prune(slot_id)
+            out["pruned"][e] = out["applied"][e] = True
+            self._refused[e, s] = False
+            self._event("pruned", e, slot_id, before, slot.stage, blueprint=blueprint)
 
     def _seed_rng_key(self, env: int, slot: int) -> int:
         return hash((self.episode_seed, env, self.host_epoch, slot)) % SEED_KEY_MODULUS

@@ -1,8 +1,13 @@
 """Action masks for all envs at once, from the lifecycle state Python already holds.
 
 The rules, per DESIGN: WAIT is always legal. GERMINATE needs a DORMANT slot and a
-blueprint that fits that slot and keeps the env under its parameter budget. ADVANCE and
-PRUNE need a live, not yet fossilized seed. The blend head is free for GERMINATE.
+blueprint that fits that slot and keeps the env under its parameter budget. ADVANCE is
+the policy's only for FOSSILIZE: a HOLDING seed that has held for ``min_holding_epochs``
+(the clock takes seeds from GERMINATED to HOLDING by itself, see
+``esper.simic.env``), so no ADVANCE is offered that a gate would refuse for time alone.
+PRUNE needs a seed old enough to judge: one whose contribution is measured (BLENDING,
+HOLDING), or one stuck in TRAINING past ``min_training_epochs`` (its gradients were not
+finite, so the clock could not move it). The blend head is free for GERMINATE.
 The masks are computed with numpy over ``[E, S]`` stage arrays (no per-env Python
 branching beyond gathering the stages) and uploaded once per step.
 """
@@ -13,15 +18,9 @@ import numpy as np
 import torch
 
 from esper.contracts import ActionSchema, LifecycleOp, SeedStage
+from esper.contracts.stages import JUDGEABLE_STAGES
+from esper.kasmina.lifecycle import LifecycleConfig
 from esper.tamiyo.action_masks import ActionMasks
-
-#: Stages in which a seed can be advanced or pruned.
-ACTIONABLE_STAGES: tuple[SeedStage, ...] = (
-    SeedStage.GERMINATED,
-    SeedStage.TRAINING,
-    SeedStage.BLENDING,
-    SeedStage.HOLDING,
-)
 
 
 class MaskBuilder:
@@ -38,6 +37,7 @@ class MaskBuilder:
         fits: np.ndarray,
         blueprint_params: np.ndarray,
         param_budget: int,
+        lifecycle: LifecycleConfig | None = None,
     ) -> None:
         n_slots, n_bps = len(schema.slot_ids), len(schema.blueprint_names)
         if fits.shape != (n_slots, n_bps) or blueprint_params.shape != (n_slots, n_bps):
@@ -49,31 +49,43 @@ class MaskBuilder:
         self.fits = fits.astype(bool)
         self.blueprint_params = blueprint_params.astype(np.int64)
         self.param_budget = param_budget
-        self._actionable = np.array([int(s) for s in ACTIONABLE_STAGES])
+        self.lifecycle = lifecycle or LifecycleConfig()
+        self._judgeable = np.array([int(s) for s in JUDGEABLE_STAGES])
 
-    def build_numpy(self, stages: np.ndarray, seed_params: np.ndarray) -> dict[str, np.ndarray]:
+    def build_numpy(
+        self, stages: np.ndarray, seed_params: np.ndarray, epochs_in_stage: np.ndarray
+    ) -> dict[str, np.ndarray]:
         """The masks as numpy bool arrays: ``op [E, O]``, ``slot [E, O, S]``,
-        ``blueprint [E, S, B]``, ``blend [E, NB]``."""
+        ``blueprint [E, S, B]``, ``blend [E, NB]``.
+
+        ``stages`` and ``epochs_in_stage`` are ``[E, S]`` ints, ``seed_params`` ``[E]``.
+        """
         n_envs, n_slots = stages.shape
         n_ops = len(LifecycleOp)
         room = self.param_budget - seed_params  # [E]
         blueprint = self.fits[None] & (self.blueprint_params[None] <= room[:, None, None])
         dormant = stages == int(SeedStage.DORMANT)
-        actionable = np.isin(stages, self._actionable)
+        cfg = self.lifecycle
+        held = (stages == int(SeedStage.HOLDING)) & (epochs_in_stage >= cfg.min_holding_epochs)
+        stuck = (stages == int(SeedStage.TRAINING)) & (epochs_in_stage >= cfg.min_training_epochs)
         slot = np.zeros((n_envs, n_ops, n_slots), dtype=bool)
         slot[:, LifecycleOp.GERMINATE] = dormant & blueprint.any(axis=2)
-        slot[:, LifecycleOp.ADVANCE] = actionable
-        slot[:, LifecycleOp.PRUNE] = actionable
+        slot[:, LifecycleOp.ADVANCE] = held
+        slot[:, LifecycleOp.PRUNE] = np.isin(stages, self._judgeable) | stuck
         op = slot.any(axis=2)
         op[:, LifecycleOp.WAIT] = True
         blend = np.ones((n_envs, len(self.schema.blend_modes)), dtype=bool)
         return {"op": op, "slot": slot, "blueprint": blueprint, "blend": blend}
 
     def build(
-        self, stages: np.ndarray, seed_params: np.ndarray, device: torch.device
+        self,
+        stages: np.ndarray,
+        seed_params: np.ndarray,
+        epochs_in_stage: np.ndarray,
+        device: torch.device,
     ) -> ActionMasks:
         """The masks as device tensors (one non-blocking upload each, no host read)."""
-        arrays = self.build_numpy(stages, seed_params)
+        arrays = self.build_numpy(stages, seed_params, epochs_in_stage)
         pin = torch.device(device).type == "cuda"
 
         def up(a: np.ndarray) -> torch.Tensor:
