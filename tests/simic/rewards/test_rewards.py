@@ -171,8 +171,10 @@ def test_shaped_components_are_float32_per_env_and_sum_to_the_total() -> None:
     summed = total(components)
     assert summed.dtype == np.float32
     np.testing.assert_allclose(summed, sum(components.values()), atol=TOL, rtol=0)
-    # Env 2, by hand: acc 0, contribution 0.5 * -0.02, rent 0, fossilize, terminal 0.9.
-    env2 = 0.5 * -0.02 + config.fossilize_bonus + config.terminal_weight * 0.9
+    # Env 2, by hand: acc 0, contribution -0.02 weighted, rent 0, fossilize, terminal 0.9.
+    env2 = (
+        config.contribution_weight * -0.02 + config.fossilize_bonus + config.terminal_weight * 0.9
+    )
     np.testing.assert_allclose(summed[2], env2, atol=TOL, rtol=0)
 
 

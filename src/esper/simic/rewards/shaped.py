@@ -1,9 +1,10 @@
 """The default, dense reward family: something to learn from at every step.
 
-Accuracy change and seed contribution reward growth that helps now; the parameter rent
-is paid every step, so a bigger seed costs more and a seed kept longer costs more;
-penalties teach the mask rules and discourage panics; a terminal term pays for the
-final accuracy so the policy does not trade the end of the episode for early gains.
+The change in accuracy is paid every step (it telescopes to final minus initial), the
+final accuracy once more at the end, and a small parameter rent every step, so the
+episode return ranks outcomes by final accuracy and then by size. Penalties teach the
+mask rules and discourage panics. Seed contribution and a fossilize bonus are available
+as shaping terms, off by default (``RewardConfig`` says why).
 """
 
 from __future__ import annotations
