@@ -20,6 +20,7 @@ PROMISED_SCALARS = (
     "ppo/entropy",
     "ppo/approx_kl",
     "ppo/clip_fraction",
+    "ppo/explained_variance",
     "perf/env_steps_per_s",
 )
 

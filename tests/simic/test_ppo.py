@@ -123,7 +123,7 @@ def test_update_returns_finite_device_scalars() -> None:
     batch = _rollout_batch(policy)
     config = PPOConfig()
     stats = ppo_update(policy, make_optimizer(policy, config), batch, config)
-    assert set(stats) == {*STAT_NAMES, "epochs_run"}
+    assert set(stats) == {*STAT_NAMES, "epochs_run", "explained_variance"}
     for name, value in stats.items():
         assert value.dim() == 0, name
         assert torch.isfinite(value), name
@@ -295,3 +295,18 @@ def test_ppo_learns_the_best_action_of_a_bandit() -> None:
             break
     assert probs[-1] > TARGET_PROB, f"best-action probability per update: {probs}"
     print(f"reached {probs[-1]:.3f} after {len(probs)} updates")
+
+
+def test_explained_variance_matches_the_plain_formula_over_valid_entries() -> None:
+    from esper.simic.ppo import explained_variance
+
+    g = torch.Generator().manual_seed(0)
+    returns = torch.randn(3, 7, generator=g)
+    values = returns + 0.5 * torch.randn(3, 7, generator=g)
+    valid = torch.rand(3, 7, generator=g) > 0.3
+    r, v = returns[valid], values[valid]
+    expected = 1 - torch.var(r - v, unbiased=False) / torch.var(r, unbiased=False)
+    assert torch.allclose(explained_variance(values, returns, valid), expected, atol=1e-6)
+    assert float(explained_variance(returns, returns, valid)) == pytest.approx(1.0)
+    constant = torch.ones(3, 7)
+    assert float(explained_variance(values, constant, valid)) == 0.0

@@ -26,16 +26,19 @@ import torch
 from esper.callbacks.checkpoint import CheckpointError, EsperCheckpointIO
 from esper.contracts.rollout import StepBatch
 from esper.simic.buffer import RolloutBuffer
-from esper.simic.env import MorphogeneticVecEnv, action_schema
+from esper.simic.env import EnvConfig, MorphogeneticVecEnv, action_schema
 from esper.simic.module import DATA_KEY, PPOModule, check_same_action_space, checkpoint_policy_spec
 from esper.simic.rollout import Controller, RolloutCollector
 from esper.tamiyo.baselines import STATE_SHAPE, NoGrowthController, RandomLegalController
-from esper.tamiyo.heuristic import HeuristicController
+from esper.tamiyo.heuristic import SCRIPTED_GROWTH, HeuristicController
 from esper.tolaria.data.base import HostDataModule
 
 #: Evaluation seeds start here, far from the rollout indices training used as seeds.
 EVAL_SEED_BASE = 1_000_000_007
+#: What ``esper evaluate`` compares by default.
 CONTROLLERS: tuple[str, ...] = ("learned", "heuristic", "random", "no_growth")
+#: Every controller it can run: the defaults and the scripted grower (``SCRIPTED_GROWTH``).
+ALL_CONTROLLERS: tuple[str, ...] = (*CONTROLLERS, "scripted")
 #: Columns of the table, CSV and JSON, in order.
 COLUMNS: tuple[str, ...] = (
     "controller",
@@ -183,9 +186,9 @@ def evaluate(
     """Run ``episodes`` fresh episodes under each controller; see the module docstring."""
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"episodes must be an int >= 1, got {episodes!r}")
-    unknown = [c for c in controllers if c not in CONTROLLERS]
+    unknown = [c for c in controllers if c not in ALL_CONTROLLERS]
     if unknown:
-        raise ValueError(f"unknown controllers {unknown}; choose from {list(CONTROLLERS)}")
+        raise ValueError(f"unknown controllers {unknown}; choose from {list(ALL_CONTROLLERS)}")
     path = Path(ckpt)
     module, checkpoint = load_module(path)
     data = datamodule or load_datamodule(checkpoint, path)
@@ -194,74 +197,145 @@ def evaluate(
     check_same_action_space(module.policy.schema, action_schema(config, data), path)
     policy = module.policy.to(device).eval()
     normalizer = module.normalizer.to(device)
-    eval_seed = EVAL_SEED_BASE + seed
 
     results, all_steps = [], {}
-    slot_ids: tuple[str, ...] = ()
-    group = config.n_envs  # as many envs side by side as in training: same data share each
-    groups = math.ceil(episodes / group)
+    slot_ids = module.policy.schema.slot_ids
     for name in controllers:
-        parts: dict[str, list[np.ndarray]] = {}
-        steps_by_group: list[list[StepBatch]] = []
-        wall = 0.0
-        for g in range(groups):
-            seed_g = eval_seed + g
-            torch.manual_seed(seed_g)  # the same initial hosts for every controller
-            env = MorphogeneticVecEnv(config, data, device)
-            env.reseed_data(seed_g)
-            slot_ids = env.slot_ids
-            controller, state_shape = _controller(name, policy, env, normalizer)
-            buffer = RolloutBuffer(
-                group, env.decisions_per_episode, env.layout.dim, env.schema, state_shape, device
-            )
-            collector = RolloutCollector(
-                env,
-                controller,
-                normalizer,
-                buffer,
-                module.ppo_config.gamma,
-                module.ppo_config.gae_lambda,
-            )
-            collector.seed_offset = seed_g  # seeds planted from generators training never used
-            collector.seed_stride = 0
-            steps: list[StepBatch] = []
-            normalizer_state = {k: v.clone() for k, v in normalizer.state_dict().items()}
-            start = time.perf_counter()
-            _, summary = collector.collect(0, on_step=steps.append, deterministic=True)
-            wall += time.perf_counter() - start
-            normalizer.load_state_dict(normalizer_state)  # evaluation must not learn
-            keep = min(group, episodes - g * group)
-            for field_name in (
-                "final_val_acc",
-                "params_added",
-                "seeds_germinated",
-                "seeds_fossilized",
-                "seeds_pruned",
-                "episode_return",
-            ):
-                parts.setdefault(field_name, []).append(
-                    np.asarray(getattr(summary, field_name), dtype=float)[:keep]
-                )
-            steps_by_group.append(steps)
-        per_episode = {k: np.concatenate(v) for k, v in parts.items()}
-        acc = per_episode["final_val_acc"]
+        run = run_episodes(
+            config,
+            data,
+            lambda env, name=name: _controller(name, policy, env, normalizer),
+            normalizer,
+            episodes=episodes,
+            seed=seed,
+            gamma=module.ppo_config.gamma,
+            gae_lambda=module.ppo_config.gae_lambda,
+            device=device,
+        )
+        acc = run.per_episode["final_val_acc"]
         results.append(
             ControllerResult(
                 controller=name,
                 episodes=episodes,
                 final_val_acc_mean=float(acc.mean()),
                 final_val_acc_std=float(acc.std(ddof=1)) if episodes > 1 else 0.0,
-                params_added_mean=float(per_episode["params_added"].mean()),
-                seeds_germinated_mean=float(per_episode["seeds_germinated"].mean()),
-                seeds_fossilized_mean=float(per_episode["seeds_fossilized"].mean()),
-                seeds_pruned_mean=float(per_episode["seeds_pruned"].mean()),
-                return_mean=float(per_episode["episode_return"].mean()),
-                wall_s=wall,
+                params_added_mean=float(run.per_episode["params_added"].mean()),
+                seeds_germinated_mean=float(run.per_episode["seeds_germinated"].mean()),
+                seeds_fossilized_mean=float(run.per_episode["seeds_fossilized"].mean()),
+                seeds_pruned_mean=float(run.per_episode["seeds_pruned"].mean()),
+                return_mean=float(run.per_episode["episode_return"].mean()),
+                wall_s=run.wall_s,
                 final_val_acc=tuple(acc.tolist()),
             )
         )
-        all_steps[name] = steps_by_group
+        all_steps[name] = run.steps
     return Evaluation(results, all_steps, slot_ids)
+
+
+#: Per-episode figures :func:`run_episodes` keeps from each rollout summary.
+EPISODE_FIELDS: tuple[str, ...] = (
+    "final_val_acc",
+    "params_added",
+    "seeds_germinated",
+    "seeds_fossilized",
+    "seeds_pruned",
+    "episode_return",
+)
+
+
+class RawObservations:
+    """A normaliser that normalises nothing and learns nothing, for untrained controllers.
+
+    The collector calls its normaliser on every observation and updates it after each
+    rollout; :func:`run_episodes` saves and restores its (empty) state.
+    """
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def update(self, *args: object, **kwargs: object) -> None:
+        return None
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        return None
+
+
+@dataclass
+class Episodes:
+    """One controller's evaluation episodes.
+
+    Attributes:
+        per_episode: each of :data:`EPISODE_FIELDS` as ``[episodes]`` floats.
+        val_acc: ``[episodes, episode_epochs]`` host validation accuracy after each epoch.
+        steps: the step batches of each group of episodes run side by side.
+        wall_s: seconds spent in the rollouts.
+    """
+
+    per_episode: dict[str, np.ndarray]
+    val_acc: np.ndarray
+    steps: list[list[StepBatch]]
+    wall_s: float
+
+
+def run_episodes(
+    config: EnvConfig,
+    data: HostDataModule,
+    make_controller: Callable[[MorphogeneticVecEnv], tuple[Controller, tuple[int, int]]],
+    normalizer: Any,
+    episodes: int,
+    seed: int,
+    gamma: float,
+    gae_lambda: float,
+    device: str = "cpu",
+) -> Episodes:
+    """Run ``episodes`` fresh episodes under one controller, ``config.n_envs`` at a time.
+
+    Group ``g`` starts from the same hosts, data order and seed initialisations for every
+    controller (all are keyed by ``EVAL_SEED_BASE + seed + g``), so episodes of two
+    controllers are paired. ``normalizer`` is used, never updated; None hands the
+    controller raw observations (for controllers that need no trained normaliser).
+    """
+    if normalizer is None:
+        normalizer = RawObservations()
+    group = config.n_envs  # as many envs side by side as in training: same data share each
+    parts: dict[str, list[np.ndarray]] = {}
+    curves: list[np.ndarray] = []
+    steps_by_group: list[list[StepBatch]] = []
+    wall = 0.0
+    for g in range(math.ceil(episodes / group)):
+        seed_g = EVAL_SEED_BASE + seed + g
+        torch.manual_seed(seed_g)  # the same initial hosts for every controller
+        env = MorphogeneticVecEnv(config, data, device)
+        env.reseed_data(seed_g)
+        controller, state_shape = make_controller(env)
+        buffer = RolloutBuffer(
+            group, env.decisions_per_episode, env.layout.dim, env.schema, state_shape, device
+        )
+        collector = RolloutCollector(env, controller, normalizer, buffer, gamma, gae_lambda)
+        collector.seed_offset = seed_g  # seeds planted from generators training never used
+        collector.seed_stride = 0
+        steps: list[StepBatch] = []
+        normalizer_state = {k: v.clone() for k, v in normalizer.state_dict().items()}
+        start = time.perf_counter()
+        _, summary = collector.collect(0, on_step=steps.append, deterministic=True)
+        wall += time.perf_counter() - start
+        normalizer.load_state_dict(normalizer_state)  # evaluation must not learn
+        keep = min(group, episodes - g * group)
+        for field_name in EPISODE_FIELDS:
+            values = np.asarray(getattr(summary, field_name), dtype=float)
+            parts.setdefault(field_name, []).append(values[:keep])
+        curve = np.stack([s.val_acc for s in steps] + [steps[-1].next_val_acc], axis=1)
+        curves.append(curve[:keep])
+        steps_by_group.append(steps)
+    return Episodes(
+        per_episode={k: np.concatenate(v) for k, v in parts.items()},
+        val_acc=np.concatenate(curves),
+        steps=steps_by_group,
+        wall_s=wall,
+    )
 
 
 def _controller(
@@ -270,8 +344,19 @@ def _controller(
     if name == "learned":
         config = policy.config  # type: ignore[attr-defined]
         return policy, (config.lstm_layers, config.hidden_size)  # type: ignore[return-value]
+    return baseline_controller(name, env, normalizer)
+
+
+def baseline_controller(
+    name: str, env: MorphogeneticVecEnv, normalizer: Any
+) -> tuple[Controller, tuple[int, int]]:
+    """A controller that needs no training (every name of :data:`ALL_CONTROLLERS` but
+    ``learned``), on ``env``'s device, with the recurrent-state shape the buffer stores."""
     builders: dict[str, Callable[[], Any]] = {
         "heuristic": lambda: HeuristicController(env.layout, env.schema, normalizer=normalizer),
+        "scripted": lambda: HeuristicController(
+            env.layout, env.schema, SCRIPTED_GROWTH, normalizer=normalizer
+        ),
         "random": RandomLegalController,
         "no_growth": NoGrowthController,
     }

@@ -194,6 +194,21 @@ def masked_mean(x: Tensor, valid: Tensor) -> Tensor:
     return torch.where(valid, x, 0.0).sum() / n_valid
 
 
+def explained_variance(values: Tensor, returns: Tensor, valid: Tensor) -> Tensor:
+    """``1 - Var(returns - values) / Var(returns)`` over the ``valid`` entries, a device scalar.
+
+    How much of the variation in the returns the critic's values predicted: 1 is
+    perfect, 0 no better than a constant, below 0 worse than one. Shapes: all ``[E, T]``.
+    A batch whose returns do not vary gives 0 (nothing to explain), never NaN.
+    """
+    mean_r = masked_mean(returns, valid)
+    var_r = masked_mean((returns - mean_r) ** 2, valid)
+    residual = returns - values
+    var_res = masked_mean((residual - masked_mean(residual, valid)) ** 2, valid)
+    tiny = torch.finfo(var_r.dtype).tiny
+    return torch.where(var_r > tiny, 1.0 - var_res / var_r.clamp_min(tiny), torch.zeros_like(var_r))
+
+
 def ppo_losses(
     batch: PPOBatch,
     new_log_prob: Tensor,
@@ -270,8 +285,9 @@ def ppo_update(
     ``ent_coef`` overrides ``config.ent_coef`` (for annealing). ``backward`` replaces
     ``loss.backward()``: a LightningModule passes ``manual_backward`` so that under DDP
     every optimiser step sees gradients averaged over ranks. Returns device scalars:
-    the :data:`STAT_NAMES` averaged over the minibatches run, and ``epochs_run`` (fewer
-    than ``update_epochs`` only after a target-KL stop). Host reads: none when
+    the :data:`STAT_NAMES` averaged over the minibatches run, ``epochs_run`` (fewer
+    than ``update_epochs`` only after a target-KL stop) and ``explained_variance`` of the
+    rollout's values against its returns. Host reads: none when
     ``config.target_kl`` is None, else one per epoch run.
     """
     ent_coef = config.ent_coef if ent_coef is None else ent_coef
@@ -327,4 +343,5 @@ def ppo_update(
     means = totals / (epochs_run * config.n_minibatches)
     result = dict(zip(STAT_NAMES, means.unbind(), strict=True))
     result["epochs_run"] = torch.full((), float(epochs_run), device=device)
+    result["explained_variance"] = explained_variance(batch.values, batch.returns, batch.valid)
     return result

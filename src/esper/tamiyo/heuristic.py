@@ -139,6 +139,20 @@ class HeuristicConfig:
             )
 
 
+#: The scripted grower: plants the preferred blueprint in every slot from the first
+#: decision, lets the clock carry each seed to HOLDING, fossilizes as soon as the gate
+#: allows, never prunes. It answers "can growth pay here at all?" without any learning:
+#: ``benchmarks/growth.py`` sets it against no growth. conv_heavy is the blueprint that
+#: paid most on the small digits hosts (see benchmarks/README.md); mlp is the
+#: Transformer's counterpart.
+SCRIPTED_GROWTH = HeuristicConfig(
+    prune_threshold=1.0,  # contributions are fractions in [-1, 1]: never below -1
+    plateau_delta=1.0,  # an epoch never gains a whole unit of accuracy: always "plateaued"
+    max_germinate_fraction=0.3,
+    blueprint_preference=("conv_heavy", "mlp"),
+)
+
+
 def _first_true(mask: Tensor, scores: Tensor) -> Tensor:
     """Index of the highest-scoring True entry of ``mask [..., K]``; ``scores [K]`` are > 0.
 
