@@ -310,3 +310,21 @@ def test_explained_variance_matches_the_plain_formula_over_valid_entries() -> No
     assert float(explained_variance(returns, returns, valid)) == pytest.approx(1.0)
     constant = torch.ones(3, 7)
     assert float(explained_variance(values, constant, valid)) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("anneal", "expected"), [(True, [1e-3, 0.75e-3, 0.5e-3, 0.25e-3]), (False, [1e-3] * 4)]
+)
+def test_the_learning_rate_falls_linearly_over_the_run_when_annealed(
+    anneal: bool, expected: list[float]
+) -> None:
+    from esper.simic.module import PPOModule
+
+    module = PPOModule(ppo=PPOConfig(lr=1e-3, anneal_lr=anneal))
+    rates = [module._lr_at(update, 4) for update in range(4)]
+    assert rates == pytest.approx(expected)
+
+
+def test_a_non_bool_anneal_lr_is_refused_naming_the_field() -> None:
+    with pytest.raises(ValueError, match=r"PPOConfig\.anneal_lr"):
+        PPOConfig(anneal_lr=1)  # type: ignore[arg-type]

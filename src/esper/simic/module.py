@@ -357,6 +357,9 @@ class PPOModule(LightningModule):
         assert self.collector is not None and self.policy is not None
         summary = self._collect()
         optimizer = self.optimizers()
+        lr = self._lr()
+        for group in optimizer.param_groups:  # type: ignore[union-attr]
+            group["lr"] = lr
         stats = ppo_update(
             self.policy,
             optimizer,  # type: ignore[arg-type]
@@ -369,6 +372,7 @@ class PPOModule(LightningModule):
         names = sorted(stats)
         values = read_packed(torch.stack([stats[n].float() for n in names]))
         metrics = {f"ppo/{n}": float(v) for n, v in zip(names, values, strict=True)}
+        metrics["ppo/lr"] = lr
         metrics.update(self._rollout_metrics(summary))
         self.last_metrics = metrics
         for name, value in metrics.items():
@@ -405,6 +409,20 @@ class PPOModule(LightningModule):
             _call_hook(cb, "on_rollout_end", self.trainer, self, summary)
         self.last_summary = summary
         return summary
+
+    def _lr(self) -> float:
+        return self._lr_at(self.current_epoch, self.trainer.max_epochs or 1)
+
+    def _lr_at(self, update: int, total: int) -> float:
+        """Update ``update`` of ``total``: ``ppo.lr * (1 - update / total)`` when annealed.
+
+        The last update still learns, and the rate is a function of the update index
+        alone, so a resumed run continues the same schedule.
+        """
+        lr = self.ppo_config.lr
+        if not self.ppo_config.anneal_lr:
+            return lr
+        return lr * (1.0 - min(update / max(total, 1), 1.0))
 
     def _ent_coef(self) -> float:
         start = self.ppo_config.ent_coef

@@ -54,7 +54,8 @@ class PPOConfig:
     8 small Adam steps on it, and the policy barely moved (``ppo/approx_kl`` about 1e-5,
     ``ppo/clip_fraction`` 0 in every update of the default 6-update run). With 10 epochs at
     1e-3 the same run measured approx_kl 0.009 to 0.027 and clip_fraction 0.16 to 0.28 per
-    update (10 epochs at 3e-4: approx_kl 4e-4 to 2e-3; benchmarks/README.md).
+    update (10 epochs at 3e-4: approx_kl 4e-4 to 2e-3), and with ``anneal_lr`` 0.006 to
+    0.009 in all but the last (benchmarks/README.md).
 
     ``n_minibatches`` splits the *envs* (whole sequences), so it may not exceed the
     number of envs. ``value_clip_coef=None`` disables value clipping; ``target_kl=None``
@@ -74,6 +75,10 @@ class PPOConfig:
     normalize_advantages: bool = True
     gamma: float = 0.99
     gae_lambda: float = 0.95
+    #: Let the learning rate fall linearly to 0 by the run's last update (CleanRL's
+    #: ``anneal_lr``): at a fixed 1e-3 a 60-update run's approx_kl climbed past 0.05 as the
+    #: policy sharpened (benchmarks/README.md).
+    anneal_lr: bool = True
     adam_eps: float = 1e-5
     advantage_norm_eps: float = 1e-8
 
@@ -103,11 +108,11 @@ class PPOConfig:
             value = getattr(self, name)
             if not _finite_at_least(value, 0.0, strict=False) or value > 1.0:
                 raise ValueError(f"PPOConfig.{name} must be a number in [0, 1], got {value!r}")
-        if not isinstance(self.normalize_advantages, bool):
-            raise ValueError(
-                "PPOConfig.normalize_advantages must be true or false, "
-                f"got {self.normalize_advantages!r}"
-            )
+        for name in ("normalize_advantages", "anneal_lr"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"PPOConfig.{name} must be true or false, got {getattr(self, name)!r}"
+                )
 
 
 def _finite_at_least(value: object, minimum: float, *, strict: bool) -> bool:
