@@ -16,8 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from esper.simic.ppo import PPOConfig
 from tests.test_cli import TINY_CONFIG
 
+#: Optimiser steps in one PPO update with the default PPOConfig.
+STEPS_PER_UPDATE = PPOConfig().update_epochs * PPOConfig().n_minibatches
 #: Generous for a tiny run on 2 busy CPU cores.
 TIMEOUT_S = 300
 #: A blueprint a "plugin" adds after a checkpoint was written: the action space changes.
@@ -98,7 +101,10 @@ def test_every_checkpoint_fit_writes_loads_with_weights_only(trained: Path) -> N
 @pytest.mark.slow
 def test_resuming_from_a_copied_last_ckpt_by_path_ends_bit_identical(tmp_path: Path) -> None:
     fit(tmp_path / "straight", max_epochs=3)
-    fit(tmp_path / "split", max_epochs=2)
+    # Interrupted after two updates of a three-update run: max_steps, not max_epochs, so
+    # the run's schedules (learning-rate annealing) are those of the straight run.
+    split = fit(tmp_path / "split", "--trainer.max_steps", str(2 * STEPS_PER_UPDATE), max_epochs=3)
+    assert "esper fit: 2 PPO update(s)" in split.stdout
     elsewhere = tmp_path / "copied" / "somewhere.ckpt"
     elsewhere.parent.mkdir()
     shutil.copy(tmp_path / "split" / "checkpoints" / "last.ckpt", elsewhere)

@@ -11,6 +11,7 @@ import torch
 from esper.callbacks.base import EsperCallback
 from esper.callbacks.checkpoint import CheckpointError, EsperCheckpointIO, default_checkpoints
 from esper.simic.module import PPOModule
+from esper.simic.ppo import PPOConfig
 from tests.simic.envs import small_data
 
 EPISODE_EPOCHS = 3
@@ -28,14 +29,21 @@ def _module() -> PPOModule:
     return PPOModule(n_envs=2, episode_epochs=EPISODE_EPOCHS, host_kwargs={"channels": [4, 8]})
 
 
+#: Optimiser steps in one PPO update with the default PPOConfig: an update's worth of
+#: ``max_steps`` stops a run after that many updates without changing ``max_epochs``, on
+#: which the learning-rate annealing depends (an interrupted run, not a shorter one).
+STEPS_PER_UPDATE = PPOConfig().update_epochs * PPOConfig().n_minibatches
+
+
 def _fit(
-    root: Path, max_epochs: int, ckpt_path: str | None = None
+    root: Path, max_epochs: int, ckpt_path: str | None = None, stop_after: int | None = None
 ) -> tuple[PPOModule, list[float]]:
     L.seed_everything(0, verbose=False)
     recorder = ReturnRecorder()
     module = _module()
     trainer = L.Trainer(
         max_epochs=max_epochs,
+        max_steps=-1 if stop_after is None else stop_after * STEPS_PER_UPDATE,
         default_root_dir=root,
         callbacks=[*default_checkpoints(), recorder],
         enable_progress_bar=False,
@@ -49,7 +57,8 @@ def _fit(
 @pytest.mark.slow
 def test_resume_continues_exactly_where_the_run_stopped(tmp_path: Path) -> None:
     straight, straight_returns = _fit(tmp_path / "straight", max_epochs=3)
-    _, first_returns = _fit(tmp_path / "split", max_epochs=2)
+    _, first_returns = _fit(tmp_path / "split", max_epochs=3, stop_after=2)
+    assert len(first_returns) == 2, "the interrupted run must stop after two updates"
     assert (tmp_path / "split" / "checkpoints" / "last.ckpt").is_file()
     resumed, resumed_returns = _fit(tmp_path / "split", max_epochs=3, ckpt_path="last")
 
