@@ -8,16 +8,18 @@ priority order, for every env at once:
 
 1. **PRUNE** the first slot whose seed is BLENDING or HOLDING and whose counterfactual
    contribution is below ``-prune_threshold``: a seed the host is better off without.
-2. **ADVANCE** the first slot where ADVANCE is legal and its last advance was not
-   refused by a gate (or the seed is GERMINATED, whose advance is never gated). Whether
-   an advance *should* pass is the lifecycle gates' job, not the controller's.
+2. **ADVANCE** (fossilize) the first slot where ADVANCE is legal and its last advance
+   was not refused by a gate. The masks offer ADVANCE only for a seed that has held long
+   enough (the env's clock carries seeds to HOLDING); whether it *should* pass is the
+   contribution gate's job, not the controller's.
 3. **GERMINATE** when the host has plateaued (``val_acc_delta < plateau_delta``) early
    enough in the episode (``epoch_fraction < max_germinate_fraction``), on the first
    slot where it is legal, with the most preferred legal blueprint and the configured
    blend mode.
 4. **ADVANCE** a slot whose last advance was refused (``retry_refused_advance``): the
-   env keeps a slot's refusal flag until an advance passes, and most gates are clocks
-   (minimum epochs in a stage), so without a retry a seed refused once would never move.
+   env keeps a slot's refusal flag until an advance passes, and a contribution too small
+   today may be enough after another epoch, so without a retry a seed refused once
+   would never fossilize.
 5. **WAIT** otherwise.
 
 Everything runs on the device with ``where``/``gather``/``argmax`` over masked integer
