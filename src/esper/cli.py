@@ -84,19 +84,19 @@ def _input_error(exc: BaseException) -> BaseException | None:
     chain is searched for the original.
     """
     from esper.callbacks.checkpoint import CheckpointError
-    from esper.simic.validation import config_error_from
+    from esper.simic.validation import config_error_from, exception_chain
 
     keyed = config_error_from(exc)
     if keyed is not None:
         return keyed
-    seen: set[int] = set()
-    link: BaseException | None = exc
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
-        if isinstance(link, (CheckpointError, *INPUT_ERRORS)):
-            return link
-        link = link.__cause__ or link.__context__
-    return None
+    return next(
+        (
+            link
+            for link in exception_chain(exc)
+            if isinstance(link, (CheckpointError, *INPUT_ERRORS))
+        ),
+        None,
+    )
 
 
 class _RunFolderGuard:
@@ -184,15 +184,6 @@ def fit(argv: Sequence[str] | None = None) -> int:
                 super()._set_seed()
             finally:
                 seed_logger.setLevel(level)
-
-        def instantiate_classes(self) -> None:
-            try:
-                super().instantiate_classes()
-            except (ValueError, TypeError) as exc:
-                error = _input_error(exc)
-                if error is None:
-                    raise
-                raise error from exc
 
         def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
             names = self._get(self.config_init, "callbacks") or []

@@ -437,7 +437,7 @@ def _keyed(exc: BaseException, prefix: str, owner: type) -> ConfigError:
     return ConfigError(prefix, f"{prefix}: {text}")
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
+def exception_chain(exc: BaseException) -> Iterator[BaseException]:
     """``exc`` and its causes and contexts, deepest first."""
     seen: list[BaseException] = []
     todo: BaseException | None = exc
@@ -479,11 +479,11 @@ def config_error_from(exc: BaseException) -> ConfigError | None:
     This finds the original error in the chain and names it by its CLI key
     (``model.ppo.clip_coef must be > 0 ...``). None when no config object raised it.
     """
-    for link in _chain(exc):
+    for link in exception_chain(exc):
         if isinstance(link, ConfigError):
             return link
     by_name = {cls.__name__: (cls, prefix) for cls, prefix in CONFIG_KEYS.items()}
-    for link in _chain(exc):
+    for link in exception_chain(exc):
         if not isinstance(link, ValueError | TypeError):
             continue
         found = _owner_of(link)
