@@ -151,7 +151,7 @@ SCRIPTED_GROWTH = HeuristicConfig(
     prune_threshold=1.0,  # contributions are fractions in [-1, 1]: never below -1
     plateau_delta=1.0,  # an epoch never gains a whole unit of accuracy: always "plateaued"
     max_germinate_fraction=0.3,
-    blueprint_preference=("conv_heavy", "mlp"),
+    blueprint_preference=("conv_wide", "conv_heavy", "mlp"),
 )
 
 

@@ -15,6 +15,7 @@ from esper.kasmina.blueprints import _as_blueprint as as_blueprint
 BUILTIN = (
     "conv_light",
     "conv_heavy",
+    "conv_wide",
     "depthwise",
     "bottleneck",
     "attention",
@@ -47,6 +48,7 @@ NOT_FITTING = [
     for name, shapes in {
         "conv_light": [SlotShape("transformer", 64, (32,), causal=True)],
         "conv_heavy": [SlotShape("transformer", 64, (32,), causal=True)],
+        "conv_wide": [SlotShape("transformer", 64, (32,), causal=True)],
         "depthwise": [SlotShape("transformer", 16, (8,), causal=True)],
         "bottleneck": [
             SlotShape("transformer", 64, (32,), causal=True),

@@ -7,14 +7,20 @@ import torch
 from torch import nn
 
 from esper.kasmina import BlueprintFitError
-from esper.kasmina.blueprints.conv import BOTTLENECK_REDUCTION, conv_blueprints
+from esper.kasmina.blueprints.conv import BOTTLENECK_REDUCTION, WIDE_EXPANSION, conv_blueprints
 from esper.kasmina.blueprints.spec import SlotShape
 
 BY_NAME = {bp.name: bp for bp in conv_blueprints()}
 
 
 def test_conv_blueprints_fit_cnn_slots_only() -> None:
-    assert set(BY_NAME) == {"conv_light", "conv_heavy", "depthwise", "bottleneck"}
+    assert set(BY_NAME) == {
+        "conv_light",
+        "conv_heavy",
+        "conv_wide",
+        "depthwise",
+        "bottleneck",
+    }
     for bp in BY_NAME.values():
         assert bp.host_kinds == frozenset({"cnn"})
 
@@ -24,6 +30,13 @@ def test_conv_light_is_one_zeroed_same_padding_3x3_conv() -> None:
     assert isinstance(module, nn.Conv2d)
     assert module.kernel_size == (3, 3) and module.padding == (1, 1)
     assert not bool(module.weight.any())
+
+
+def test_conv_wide_widens_inside_and_returns_to_the_slot_width_from_zero() -> None:
+    module = BY_NAME["conv_wide"].instantiate(SlotShape("cnn", 3, (5, 5)))
+    assert module[0].out_channels == WIDE_EXPANSION * 3
+    assert module[-1].out_channels == 3
+    assert not bool(module(torch.randn(2, 3, 5, 5)).any())
 
 
 def test_depthwise_first_conv_is_grouped_per_channel() -> None:

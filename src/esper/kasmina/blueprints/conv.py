@@ -12,6 +12,9 @@ KERNEL = 3
 KERNEL_AREA = KERNEL * KERNEL
 #: Bottleneck width is channels // BOTTLENECK_REDUCTION.
 BOTTLENECK_REDUCTION = 4
+#: Hidden width of a wide seed is channels * WIDE_EXPANSION: the one blueprint that adds
+#: capacity a narrow host lacks rather than depth at the host's own width.
+WIDE_EXPANSION = 4
 
 
 def _conv(
@@ -27,6 +30,11 @@ def _conv_light(s: SlotShape) -> nn.Module:
 def _conv_heavy(s: SlotShape) -> nn.Module:
     c = s.channels
     return nn.Sequential(_conv(c, c, bias=False), channel_norm(s, c), nn.ReLU(), zero_(_conv(c, c)))
+
+
+def _conv_wide(s: SlotShape) -> nn.Module:
+    c, w = s.channels, WIDE_EXPANSION * s.channels
+    return nn.Sequential(_conv(c, w, bias=False), channel_norm(s, w), nn.ReLU(), zero_(_conv(w, c)))
 
 
 def _depthwise(s: SlotShape) -> nn.Module:
@@ -69,6 +77,15 @@ def conv_blueprints() -> list[Blueprint]:
             _conv_heavy,
             lambda s: 2 * KERNEL_AREA * s.channels**2 + norm_params(s.channels) + s.channels,
             description="3x3 conv, norm, ReLU, 3x3 conv",
+        ),
+        Blueprint(
+            "conv_wide",
+            CNN,
+            _conv_wide,
+            lambda s: 2 * KERNEL_AREA * WIDE_EXPANSION * s.channels**2
+            + norm_params(WIDE_EXPANSION * s.channels)
+            + s.channels,
+            description=f"3x3 conv to {WIDE_EXPANSION}x the channels, norm, ReLU, 3x3 conv back",
         ),
         Blueprint(
             "depthwise",
