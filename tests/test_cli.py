@@ -91,6 +91,52 @@ def test_fit_reports_a_bad_config_value_by_its_key(
     assert not list(tmp_path.iterdir()), "a refused run left files behind"
 
 
+TOKENS = "esper.tolaria.data.TokenSequenceDataModule"
+TINY_TOKEN_RUN = [
+    "--model.host",
+    "transformer",
+    "--model.n_envs",
+    "2",
+    "--model.episode_epochs",
+    "2",
+    "--trainer.max_epochs",
+    "1",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--data.n_train",
+    "64",
+    "--data.n_val",
+    "32",
+    "--data.batch_size",
+    "16",
+]
+
+
+@pytest.mark.slow
+def test_choosing_another_data_class_takes_its_own_defaults_not_the_digits_ones(
+    tmp_path: Path,
+) -> None:
+    """jsonargparse carries the default class's init args over; digits' val_fraction
+    would make synthetic tokens refuse to start."""
+    root = tmp_path / "run"
+    args = ["fit", "--data", TOKENS, *TINY_TOKEN_RUN, "--trainer.default_root_dir", str(root)]
+    assert main(args) == 0
+    saved = next(root.rglob("config.yaml")).read_text()
+    assert "val_fraction: null" in saved
+
+
+def test_a_value_the_user_gives_is_never_dropped_as_carried_over(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(
+            ["fit", "--data", TOKENS, "--data.val_fraction", "0.2", *TINY_TOKEN_RUN]
+            + ["--trainer.default_root_dir", str(tmp_path)]
+        )
+    assert exited.value.code == 2
+    assert "data.val_fraction applies only with text_path" in capsys.readouterr().err
+
+
 def test_plugins_lists_every_registry(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plugins"]) == 0
     out = capsys.readouterr().out

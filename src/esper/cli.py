@@ -12,6 +12,8 @@ author's first check that their package is seen, and where each name comes from.
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
 import logging
 import shutil
 import sys
@@ -121,6 +123,50 @@ class _RunFolderGuard:
                 shutil.rmtree(folder)
 
 
+def _data_keys_given(argv: Sequence[str]) -> set[str]:
+    """Init args named on the command line (``--data.x`` or ``--data.init_args.x``)."""
+    keys = set()
+    for word in argv:
+        if word.startswith("--data."):
+            key = word[len("--data.") :].split("=", 1)[0]
+            keys.add(key.removeprefix("init_args."))
+    return keys
+
+
+def _drop_carried_defaults(data: Any, given: set[str]) -> None:
+    """Reset init args that ``--data OtherClass`` carried over from the default data class.
+
+    jsonargparse keeps the default class's init args when another class is chosen, if the
+    new class accepts them (jsonargparse issue #460): ``--data TokenSequenceDataModule``
+    would inherit the digits ``val_fraction``, which synthetic tokens refuse. An init arg
+    equal to the default class's default, where the chosen class's own default differs,
+    is taken as carried over and set back to the chosen class's default, unless the
+    command line names it (``given``).
+    """
+    own = _init_defaults(_import_class(data["class_path"]))
+    default = _init_defaults(_import_class(DEFAULT_DATA))
+    init_args = data.get("init_args")
+    if init_args is None:
+        return
+    for name in list(vars(init_args)):
+        carried = name in own and name in default and init_args[name] == default[name] != own[name]
+        if carried and name not in given:
+            init_args[name] = own[name]
+
+
+def _import_class(path: str) -> type:
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+
+
+def _init_defaults(cls: type) -> dict[str, Any]:
+    return {
+        p.name: p.default
+        for p in inspect.signature(cls.__init__).parameters.values()
+        if p.default is not inspect.Parameter.empty
+    }
+
+
 def fit(argv: Sequence[str] | None = None) -> int:
     """Run ``LightningCLI`` on :class:`PPOModule` and a :class:`HostDataModule`.
 
@@ -157,6 +203,12 @@ def fit(argv: Sequence[str] | None = None) -> int:
                     "use --trainer.callbacks for ones that need arguments"
                 ),
             )
+
+        def before_instantiate_classes(self) -> None:
+            data = self._get(self.config, "data")
+            if data is not None and data.get("class_path") != DEFAULT_DATA:
+                given = sys.argv[1:] if argv is None else argv
+                _drop_carried_defaults(data, _data_keys_given(given))
 
         def _parse_ckpt_path(self) -> None:
             # LightningCLI reads the file's hyperparameters into the config here, with a
@@ -271,7 +323,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     ckpt = Path(args.ckpt)
     out = Path(args.out) if args.out else ckpt.resolve().parent.parent / "evaluation"
     try:
-        result = evaluate(ckpt, episodes=args.episodes, seed=args.seed, device=args.device)
+        result = evaluate(
+            ckpt, episodes=args.episodes, seed=args.seed, device=args.device, sample=args.sample
+        )
     except Exception as exc:
         error = _input_error(exc)
         if error is None:
@@ -279,7 +333,11 @@ def _evaluate(args: argparse.Namespace) -> int:
         message = " ".join(str(error).split())
         print(f"esper evaluate: error: {message}", file=sys.stderr)
         return 2
-    print(f"esper evaluate: {args.episodes} episode(s) per controller, seed {args.seed}, {ckpt}")
+    policy = "sampled" if args.sample else "most likely action per head"
+    print(
+        f"esper evaluate: {args.episodes} episode(s) per controller, seed {args.seed}, "
+        f"learned policy {policy}, {ckpt}"
+    )
     print(result.table())
     for kind, path in result.write(out).items():
         print(f"  {kind:<4} {path}")
@@ -320,6 +378,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--episodes", type=int, default=DEFAULT_EVAL_EPISODES)
     ev.add_argument("--seed", type=int, default=0, help="evaluation seed (never used in training)")
     ev.add_argument("--device", default="cpu")
+    ev.add_argument(
+        "--sample",
+        action="store_true",
+        help="draw the learned policy's actions from its distribution (as in training) "
+        "instead of taking each head's most likely choice",
+    )
     ev.add_argument("--out", default=None, help="output folder (default: <run dir>/evaluation)")
     ev.set_defaults(run=_evaluate)
     rep = commands.add_parser(
