@@ -56,6 +56,13 @@ def test_table_csv_and_json_agree_and_cover_all_four_controllers(
         assert len(payload["final_val_acc"][name]) == EPISODES
     assert float(rows["no_growth"]["params_added_mean"]) == 0.0
     assert float(rows["no_growth"]["seeds_germinated_mean"]) == 0.0
+    for name in set(CONTROLLERS) - {"no_growth"}:  # each paired with no growth, as printed
+        mean, se = standard_error_of_difference(
+            payload["final_val_acc"][name], payload["final_val_acc"]["no_growth"]
+        )
+        assert float(rows[name]["vs_no_growth_mean"]) == pytest.approx(mean)
+        assert by_json[name]["vs_no_growth_se"] == pytest.approx(se)
+        assert f"{mean * 100:+.2f} ± {se * 100:.2f} pts" in " ".join(table[name])
 
 
 @pytest.mark.slow
@@ -65,6 +72,19 @@ def test_every_controller_starts_from_the_same_hosts_and_growth_is_legal(checkpo
     assert first["random"] == first["no_growth"]  # same initial hosts, same first epoch
     for groups in result.steps.values():
         assert not any(s.illegal.any() for steps in groups for s in steps)
+
+
+@pytest.mark.slow
+def test_a_sampled_policy_repeats_its_episodes_and_keeps_them_paired(checkpoint: Path) -> None:
+    runs = [
+        evaluate(checkpoint, episodes=2, controllers=("learned", "no_growth"), sample=True)
+        for _ in range(2)
+    ]
+    first, again = ({r.controller: r for r in run.results} for run in runs)
+    assert first["learned"].final_val_acc == again["learned"].final_val_acc
+    assert first["learned"].seeds_germinated_mean == again["learned"].seeds_germinated_mean
+    hosts = {name: groups[0][0].val_acc.tolist() for name, groups in runs[0].steps.items()}
+    assert hosts["learned"] == hosts["no_growth"]  # the same initial hosts as the reference
 
 
 def test_paired_difference_has_a_standard_error() -> None:

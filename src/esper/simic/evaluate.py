@@ -1,6 +1,7 @@
 """Does growth pay off? Run fresh hosts under four controllers and compare them.
 
-The learned policy (deterministic) is set against the heuristic controller, a random
+The learned policy (each head's most likely choice, or sampled with ``sample=True``:
+the stochastic policy PPO trained) is set against the heuristic controller, a random
 legal controller and no growth (WAIT only). Every controller gets the same hosts at the
 start (seeds never used in training), the same data order and the same parameter
 budget. Episodes run in groups of the training run's ``n_envs`` side by side, so each
@@ -50,8 +51,12 @@ COLUMNS: tuple[str, ...] = (
     "seeds_fossilized_mean",
     "seeds_pruned_mean",
     "return_mean",
+    "vs_no_growth_mean",
+    "vs_no_growth_se",
     "wall_s",
 )
+#: The controller every other one is paired against in the table.
+REFERENCE = "no_growth"
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,10 @@ class ControllerResult:
     return_mean: float
     wall_s: float
     final_val_acc: tuple[float, ...]
+    #: Final accuracy minus no growth's over the same episodes, and its standard error
+    #: (NaN when no growth was not run, or for no growth itself).
+    vs_no_growth_mean: float = math.nan
+    vs_no_growth_se: float = math.nan
 
 
 @dataclass
@@ -80,14 +89,20 @@ class Evaluation:
 
     def table(self) -> str:
         header = (
-            f"{'controller':<10} {'final val acc':>17} {'params':>9} {'germ':>5} {'foss':>5} "
+            f"{'controller':<10} {'final val acc (mean ± std)':>26} "
+            f"{'− no growth (mean ± SE)':>24} {'params':>7} {'germ':>5} {'foss':>5} "
             f"{'prune':>5} {'return':>8} {'wall s':>7}"
         )
         lines = [header, "-" * len(header)]
         for r in self.results:
+            versus = (
+                ""
+                if math.isnan(r.vs_no_growth_mean)
+                else f"{r.vs_no_growth_mean * 100:+.2f} ± {r.vs_no_growth_se * 100:.2f} pts"
+            )
             lines.append(
-                f"{r.controller:<10} {r.final_val_acc_mean:>8.4f} ± {r.final_val_acc_std:<6.4f} "
-                f"{r.params_added_mean:>9.0f} {r.seeds_germinated_mean:>5.2f} "
+                f"{r.controller:<10} {r.final_val_acc_mean:>17.4f} ± {r.final_val_acc_std:<6.4f} "
+                f"{versus:>24} {r.params_added_mean:>7.0f} {r.seeds_germinated_mean:>5.2f} "
                 f"{r.seeds_fossilized_mean:>5.2f} {r.seeds_pruned_mean:>5.2f} "
                 f"{r.return_mean:>+8.4f} {r.wall_s:>7.1f}"
             )
@@ -182,8 +197,14 @@ def evaluate(
     device: str = "cpu",
     datamodule: HostDataModule | None = None,
     controllers: tuple[str, ...] = CONTROLLERS,
+    sample: bool = False,
 ) -> Evaluation:
-    """Run ``episodes`` fresh episodes under each controller; see the module docstring."""
+    """Run ``episodes`` fresh episodes under each controller; see the module docstring.
+
+    ``sample`` draws the learned policy's actions from its distribution (seeded by the
+    episode group, so a repeat gives the same episodes) instead of taking each head's
+    most likely choice; the other controllers are unaffected.
+    """
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"episodes must be an int >= 1, got {episodes!r}")
     unknown = [c for c in controllers if c not in ALL_CONTROLLERS]
@@ -211,6 +232,7 @@ def evaluate(
             gamma=module.ppo_config.gamma,
             gae_lambda=module.ppo_config.gae_lambda,
             device=device,
+            deterministic=not (sample and name == "learned"),
         )
         acc = run.per_episode["final_val_acc"]
         results.append(
@@ -229,7 +251,22 @@ def evaluate(
             )
         )
         all_steps[name] = run.steps
-    return Evaluation(results, all_steps, slot_ids)
+    return Evaluation(_paired_with_reference(results), all_steps, slot_ids)
+
+
+def _paired_with_reference(results: list[ControllerResult]) -> list[ControllerResult]:
+    """``results`` with each one's paired difference to no growth filled in, if it ran."""
+    reference = next((r for r in results if r.controller == REFERENCE), None)
+    if reference is None:
+        return results
+    paired = []
+    for r in results:
+        if r is reference:
+            paired.append(r)
+            continue
+        mean, se = standard_error_of_difference(r.final_val_acc, reference.final_val_acc)
+        paired.append(replace(r, vs_no_growth_mean=mean, vs_no_growth_se=se))
+    return paired
 
 
 #: Per-episode figures :func:`run_episodes` keeps from each rollout summary.
@@ -290,6 +327,7 @@ def run_episodes(
     gamma: float,
     gae_lambda: float,
     device: str = "cpu",
+    deterministic: bool = True,
 ) -> Episodes:
     """Run ``episodes`` fresh episodes under one controller, ``config.n_envs`` at a time.
 
@@ -320,7 +358,9 @@ def run_episodes(
         steps: list[StepBatch] = []
         normalizer_state = {k: v.clone() for k, v in normalizer.state_dict().items()}
         start = time.perf_counter()
-        _, summary = collector.collect(0, on_step=steps.append, deterministic=True)
+        # A sampling controller draws from the global generator, seeded above after the
+        # hosts were built: the same draws on a repeat, and the same hosts as the others.
+        _, summary = collector.collect(0, on_step=steps.append, deterministic=deterministic)
         wall += time.perf_counter() - start
         normalizer.load_state_dict(normalizer_state)  # evaluation must not learn
         keep = min(group, episodes - g * group)
