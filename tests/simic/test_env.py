@@ -156,3 +156,23 @@ def test_config_errors_name_the_field_and_the_choices() -> None:
         EnvConfig(episode_epochs=1)
     with pytest.raises(ValueError, match="unknown blueprints"):
         EnvConfig(blueprints=("conv_light", "wings"))
+
+
+def _host_weights(env) -> list[list[np.ndarray]]:  # type: ignore[no-untyped-def]
+    return [[p.detach().numpy().copy() for p in h.model.parameters()] for h in env.hosts]
+
+
+def test_paired_envs_start_from_the_same_weights_and_train_on_the_same_samples() -> None:
+    env = small_env(3, episode_epochs=4, paired=True)
+    env.reset()
+    weights = _host_weights(env)  # after the first epoch: same start, same batches
+    for other in weights[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(weights[0], other, strict=True))
+    assert env.hosts[0].model is not env.hosts[1].model  # copies, not one host shared
+
+
+def test_unpaired_envs_draw_their_own_hosts() -> None:
+    env = small_env(2, episode_epochs=4)
+    env.reset()
+    first, second = _host_weights(env)
+    assert not all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))

@@ -242,6 +242,16 @@ def test_n_minibatches_at_most_envs_per_rank() -> None:
     )
 
 
+def test_paired_envs_needs_two_envs_per_rank() -> None:
+    expect(
+        "model.ppo.paired_envs",
+        "a rank runs 1 env",
+        "model.n_envs to at least 4",
+        module=small_module(n_envs=2, ppo=PPOConfig(n_minibatches=1, paired_envs=True)),
+        world=2,
+    )
+
+
 def test_config_error_keeps_its_key_through_pickling() -> None:
     error = pickle.loads(pickle.dumps(ConfigError("model.n_envs", "model.n_envs must be >= 1")))
     assert error.key == "model.n_envs" and str(error) == "model.n_envs must be >= 1"

@@ -8,6 +8,7 @@ the step's single transfer, and it applies actions from the host-side copy it ge
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,8 +72,15 @@ class EnvConfig:
     #: Devices to place hosts on, round-robin (e.g. ["cuda:0", "cuda:1"]); None: the
     #: module's device.
     devices: tuple[str, ...] | None = None
+    #: Start every env of an episode from the same host weights and train them on the same
+    #: samples (common random numbers: envs then differ only by what the policy did).
+    #: Training sets it with ``PPOConfig.paired_envs``; evaluation keeps it off, so its
+    #: episodes are independent.
+    paired: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.paired, bool):
+            raise ValueError(f"EnvConfig.paired must be true or false, got {self.paired!r}")
         if self.amp not in AMP_DTYPES:
             raise ValueError(f"EnvConfig.amp must be one of {list(AMP_DTYPES)}, got {self.amp!r}")
         if self.devices is not None and not self.devices:
@@ -263,9 +271,14 @@ class MorphogeneticVecEnv:
         """
         self.episode_seed = episode_seed
         self._events = []
+        if self.config.paired:
+            first = build_host(self.config, self.datamodule)
+            models = [copy.deepcopy(first) for _ in self.host_devices]
+        else:
+            models = [build_host(self.config, self.datamodule) for _ in self.host_devices]
         self.hosts = [
-            GrowingHost(build_host(self.config, self.datamodule).to(device), self.config.optim)
-            for device in self.host_devices
+            GrowingHost(model.to(device), self.config.optim)
+            for model, device in zip(models, self.host_devices, strict=True)
         ]
         self.host_epoch = 0
         self._refused[:] = False
@@ -289,6 +302,7 @@ class MorphogeneticVecEnv:
                 amp=self.config.amp,
                 scalers=self._scalers,
                 result_device=self.device,
+                same_shares=self.config.paired,
             )
         except RuntimeError as exc:
             if "DataLoader worker" not in str(exc):

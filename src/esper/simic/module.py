@@ -272,7 +272,11 @@ class PPOModule(LightningModule):
             strategy.checkpoint_io = EsperCheckpointIO()
         device = strategy.root_device
         world, rank = self.trainer.world_size, self.trainer.global_rank
-        env_config = replace(self.env_config, n_envs=self.env_config.n_envs // world)
+        env_config = replace(
+            self.env_config,
+            n_envs=self.env_config.n_envs // world,
+            paired=self.ppo_config.paired_envs,
+        )
         if world > 1:
             # Every rank was seeded alike; shift this rank's streams so its env group
             # initialises hosts, samples actions and shuffles data differently. The policy's

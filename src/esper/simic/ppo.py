@@ -24,13 +24,14 @@ algorithm. What is specific to Esper:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from esper.contracts.checks import is_finite_real
+from esper.simic.advantages import leave_one_out
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.policy import LSTMState, PolicyNetwork
 
@@ -79,6 +80,11 @@ class PPOConfig:
     #: ``anneal_lr``): at a fixed 1e-3 a 60-update run's approx_kl climbed past 0.05 as the
     #: policy sharpened (benchmarks/README.md).
     anneal_lr: bool = True
+    #: Start every env of a rollout from the same host weights and take each env's
+    #: advantage relative to the other envs' at the same step (``simic/advantages.py``):
+    #: what the host's own luck adds to a return cancels, what the actions did stays.
+    #: Needs at least 2 envs per rank.
+    paired_envs: bool = False
     adam_eps: float = 1e-5
     advantage_norm_eps: float = 1e-8
 
@@ -108,7 +114,7 @@ class PPOConfig:
             value = getattr(self, name)
             if not _finite_at_least(value, 0.0, strict=False) or value > 1.0:
                 raise ValueError(f"PPOConfig.{name} must be a number in [0, 1], got {value!r}")
-        for name in ("normalize_advantages", "anneal_lr"):
+        for name in ("normalize_advantages", "anneal_lr", "paired_envs"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(
                     f"PPOConfig.{name} must be true or false, got {getattr(self, name)!r}"
@@ -312,6 +318,8 @@ def ppo_update(
             f"PPOConfig.n_minibatches={config.n_minibatches} exceeds the batch's {batch.n_envs} "
             "envs; minibatches are whole env sequences, so lower n_minibatches"
         )
+    if config.paired_envs:
+        batch = replace(batch, advantages=leave_one_out(batch.advantages, batch.valid))
     device = batch.obs.device
     totals = torch.zeros(len(STAT_NAMES), device=device)
     epochs_run = 0

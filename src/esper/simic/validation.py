@@ -199,6 +199,13 @@ def _check_minibatches(ppo: PPOConfig, envs_per_rank: int, n_envs: int, world_si
             f"rank{per_rank}: minibatches split whole env sequences; "
             f"allowed: 1 <= model.ppo.n_minibatches <= {envs_per_rank}",
         )
+    if ppo.paired_envs and envs_per_rank < 2:
+        raise ConfigError(
+            "model.ppo.paired_envs",
+            f"model.ppo.paired_envs=true compares each env with the others of its rank, but a "
+            f"rank runs {envs_per_rank} env; set model.n_envs to at least {2 * world_size} "
+            "or model.ppo.paired_envs=false",
+        )
 
 
 def _check_reward(env: EnvConfig) -> None:

@@ -100,6 +100,7 @@ def run_epoch(
     amp: str = "off",
     scalers: dict[torch.device, torch.amp.GradScaler] | None = None,
     result_device: torch.device | str | None = None,
+    same_shares: bool = False,
 ) -> EpochResult:
     """Train each env for one pass over ``train_batches``, then validate all envs together.
 
@@ -116,7 +117,10 @@ def run_epoch(
     are copied device-to-device to ``result_device`` (default: env 0's device).
 
     Every train batch is split into ``E`` contiguous shares, one per env, so the envs see
-    disjoint data and one loader (pinned on CUDA) feeds them all. On CUDA each env trains on
+    disjoint data and one loader (pinned on CUDA) feeds them all. With ``same_shares`` every
+    env trains on the same share instead (share ``b mod E`` of batch ``b``): as many
+    samples per host, but envs that started alike and acted alike stay alike, so they
+    differ only by what the policy did (``PPOConfig.paired_envs``). On CUDA each env trains on
     its own stream, letting small hosts overlap. Validation iterates ``val_batches`` once;
     each batch goes to every env as ``1 + K`` stacked replicas, where replica ``k > 0``
     runs with the ``k``-th BLENDING/HOLDING seed's alpha at 0, giving all counterfactual
@@ -146,6 +150,7 @@ def run_epoch(
         forward_loss=compiled_forward_loss() if compile else _forward_loss,
         amp_dtype=amp_dtype,
         scalers=scalers if amp == "fp16" else None,
+        same_shares=same_shares,
     )
     train = _train(envs, train_batches, options)
     for i, acc in enumerate(train):
@@ -179,6 +184,7 @@ class _Options:
     forward_loss: Callable[[HostModel, Tensor, Tensor], tuple[Tensor, Tensor]]
     amp_dtype: torch.dtype | None
     scalers: dict[torch.device, torch.amp.GradScaler] | None
+    same_shares: bool = False
 
 
 def _train(
@@ -211,7 +217,7 @@ def _train_batches(
     options: _Options,
 ) -> None:
     devices = [env.device for env in envs]
-    for x_cpu, y_cpu in batches:
+    for b, (x_cpu, y_cpu) in enumerate(batches):
         # One copy of the batch per device the envs live on (round-robin placement).
         copies = {
             d: (x_cpu.to(d, non_blocking=True), y_cpu.to(d, non_blocking=True))
@@ -219,7 +225,8 @@ def _train_batches(
         }
         for i, (env, acc) in enumerate(zip(envs, accs, strict=True)):
             x, y = copies[env.device]
-            xe, ye = x.tensor_split(len(envs))[i], y.tensor_split(len(envs))[i]
+            share = b % len(envs) if options.same_shares else i
+            xe, ye = x.tensor_split(len(envs))[share], y.tensor_split(len(envs))[share]
             if xe.shape[0] == 0 or acc.skipped:
                 continue
             try:
@@ -335,7 +342,7 @@ def _validate(
     for env in envs:
         env.model.eval()
     try:
-        for x_cpu, y_cpu in batches:
+        for b, (x_cpu, y_cpu) in enumerate(batches):
             copies = {
                 d: (x_cpu.to(d, non_blocking=True), y_cpu.to(d, non_blocking=True)) for d in devices
             }
