@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -200,11 +202,23 @@ def test_shapes() -> None:
         ("lstm_layers", 0),
         ("encoder_layers", 1.5),
         ("policy_head_init_gain", 0.0),
+        ("prune_logit_init", float("nan")),
     ],
 )
 def test_policy_config_rejects_bad_values(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"PolicyConfig.{field}"):
         PolicyConfig(**{field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bias", [0.0, -2.0])
+def test_the_first_policy_prunes_as_prune_logit_init_says(bias: float) -> None:
+    """Every other op starts near logit 0, so p(PRUNE) / p(WAIT) is exp(bias) when legal."""
+    policy = make_policy(config=PolicyConfig(hidden_size=16, prune_logit_init=bias))
+    lstm_out = torch.rand(N_SAMPLE_ENVS, 16) * 2 - 1  # an LSTM's output lies in (-1, 1)
+    with torch.no_grad():
+        probs = torch.softmax(policy.op_head(lstm_out), dim=-1)
+    ratio = (probs[:, LifecycleOp.PRUNE] / probs[:, LifecycleOp.WAIT]).mean().item()
+    assert ratio == pytest.approx(math.exp(bias), rel=0.05)
 
 
 def test_action_masks_helpers_round_trip() -> None:

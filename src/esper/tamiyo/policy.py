@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from esper.contracts import ActionSchema
+from esper.contracts import ActionSchema, LifecycleOp
 from esper.contracts.checks import is_finite_real
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.distributions import MaskedCategorical
@@ -50,6 +50,11 @@ class PolicyConfig:
     hidden_init_gain: float = math.sqrt(2.0)
     policy_head_init_gain: float = 0.01
     value_head_init_gain: float = 1.0
+    #: Initial bias of the PRUNE op's logit. Pruning throws away what a seed has learned;
+    #: a uniform first policy prunes a live seed about one step in three, so few seeds
+    #: live long enough to show what they add. Starting below the other ops lets seeds
+    #: be judged, and PPO raises it where pruning pays. 0 gives the uniform start.
+    prune_logit_init: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "lstm_layers", "encoder_layers"):
@@ -60,6 +65,11 @@ class PolicyConfig:
             value = getattr(self, name)
             if not is_finite_real(value) or value <= 0:
                 raise ValueError(f"PolicyConfig.{name} must be a finite number > 0, got {value!r}")
+        if not is_finite_real(self.prune_logit_init):
+            raise ValueError(
+                f"PolicyConfig.prune_logit_init must be a finite number (0: uniform start), "
+                f"got {self.prune_logit_init!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -138,6 +148,8 @@ class PolicyNetwork(nn.Module):
         # the same shapes as their masks, so the earlier choice selects both together.
         gain = config.policy_head_init_gain
         self.op_head = _layer_init(nn.Linear(hidden, self.n_ops), gain)
+        with torch.no_grad():
+            self.op_head.bias[int(LifecycleOp.PRUNE)] = config.prune_logit_init
         self.slot_head = _layer_init(nn.Linear(hidden, self.n_ops * self.n_slots), gain)
         self.blueprint_head = _layer_init(nn.Linear(hidden, self.n_slots * self.n_blueprints), gain)
         self.blend_head = _layer_init(nn.Linear(hidden, self.n_blends), gain)
