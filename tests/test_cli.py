@@ -128,11 +128,9 @@ def test_choosing_another_data_class_takes_its_own_defaults_not_the_digits_ones(
 def test_a_value_the_user_gives_is_never_dropped_as_carried_over(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    root = ["--trainer.default_root_dir", str(tmp_path)]
     with pytest.raises(SystemExit) as exited:
-        main(
-            ["fit", "--data", TOKENS, "--data.val_fraction", "0.2", *TINY_TOKEN_RUN]
-            + ["--trainer.default_root_dir", str(tmp_path)]
-        )
+        main(["fit", "--data", TOKENS, "--data.val_fraction", "0.2", *TINY_TOKEN_RUN, *root])
     assert exited.value.code == 2
     assert "data.val_fraction applies only with text_path" in capsys.readouterr().err
 

@@ -342,7 +342,7 @@ def _validate(
     for env in envs:
         env.model.eval()
     try:
-        for b, (x_cpu, y_cpu) in enumerate(batches):
+        for x_cpu, y_cpu in batches:
             copies = {
                 d: (x_cpu.to(d, non_blocking=True), y_cpu.to(d, non_blocking=True)) for d in devices
             }

@@ -82,9 +82,11 @@ def conv_blueprints() -> list[Blueprint]:
             "conv_wide",
             CNN,
             _conv_wide,
-            lambda s: 2 * KERNEL_AREA * WIDE_EXPANSION * s.channels**2
-            + norm_params(WIDE_EXPANSION * s.channels)
-            + s.channels,
+            lambda s: (
+                2 * KERNEL_AREA * WIDE_EXPANSION * s.channels**2
+                + norm_params(WIDE_EXPANSION * s.channels)
+                + s.channels
+            ),
             description=f"3x3 conv to {WIDE_EXPANSION}x the channels, norm, ReLU, 3x3 conv back",
         ),
         Blueprint(
