@@ -135,9 +135,23 @@ def test_a_value_the_user_gives_is_never_dropped_as_carried_over(
     assert "data.val_fraction applies only with text_path" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("name", "cls"), [("tokens", "TokenSequenceDataModule"), ("digits", "DigitsDataModule")]
+)
+@pytest.mark.parametrize("form", ["--data NAME", "--data=NAME"])
+def test_data_takes_the_registry_names_esper_plugins_lists(
+    name: str, cls: str, form: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["fit", *form.replace("NAME", name).split(), "--print_config"])
+    assert exited.value.code == 0
+    assert f".{cls}" in capsys.readouterr().out.split("data:", 1)[1].splitlines()[1]
+
+
 def test_plugins_lists_every_registry(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plugins"]) == 0
     out = capsys.readouterr().out
-    for group in ("esper.blueprints", "esper.hosts", "esper.datamodules", "esper.callbacks"):
-        assert group in out
-    assert "conv_light" in out and "digits" in out
+    groups = ("blueprints", "hosts", "datamodules", "rewards", "callbacks")
+    for group in groups:  # every group the README lists
+        assert f"esper.{group}" in out
+    assert "conv_light" in out and "digits" in out and "sparse" in out

@@ -29,9 +29,16 @@ def _plugins(_: argparse.Namespace) -> int:
     from esper.callbacks import CALLBACKS
     from esper.kasmina import BLUEPRINTS, HOSTS
     from esper.plugins import Registry
+    from esper.simic.rewards import REWARDS
     from esper.tolaria.data import DATAMODULES
 
-    registries: tuple[Registry[object], ...] = (BLUEPRINTS, HOSTS, DATAMODULES, CALLBACKS)  # type: ignore[assignment]
+    registries: tuple[Registry[object], ...] = (  # type: ignore[assignment]
+        BLUEPRINTS,
+        HOSTS,
+        DATAMODULES,
+        REWARDS,
+        CALLBACKS,
+    )
     for registry in registries:
         print(f"{registry.kind}s (entry-point group {registry.group}):")
         names = registry.names()
@@ -121,6 +128,29 @@ class _RunFolderGuard:
         for folder in reversed(self._created):
             if folder.is_dir():
                 shutil.rmtree(folder)
+
+
+def _data_names_as_class_paths(argv: Sequence[str]) -> list[str]:
+    """``--data NAME`` with a registry name (``esper plugins`` lists them) as its class path.
+
+    LightningCLI takes a class path or a class name after ``--data``; Esper's registry
+    names (``digits``, ``tokens``, a plugin's name) work wherever those do.
+    """
+    from esper.tolaria.data import DATAMODULES
+
+    def resolve(name: str) -> str:
+        if name not in DATAMODULES:
+            return name
+        cls = DATAMODULES.get(name)
+        return f"{cls.__module__}.{cls.__qualname__}"
+
+    out = list(argv)
+    for i, word in enumerate(out):
+        if word == "--data" and i + 1 < len(out):
+            out[i + 1] = resolve(out[i + 1])
+        elif word.startswith("--data="):
+            out[i] = "--data=" + resolve(word[len("--data=") :])
+    return out
 
 
 def _data_keys_given(argv: Sequence[str]) -> set[str]:
@@ -365,7 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"esper {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    plugins = commands.add_parser("plugins", help="list blueprints, hosts, data and callbacks")
+    plugins = commands.add_parser(
+        "plugins", help="list blueprints, hosts, data, rewards and callbacks"
+    )
     plugins.set_defaults(run=_plugins)
     commands.add_parser(
         "fit", help="train the growth policy (LightningCLI; `esper fit --help` for options)"
@@ -397,8 +429,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     if words and words[0] == "fit":
+        if argv is not None:
+            return fit(_data_names_as_class_paths(words[1:]))
         # From the console LightningCLI reads sys.argv itself ("fit" is its subcommand).
-        return fit(None if argv is None else words[1:])
+        sys.argv[2:] = _data_names_as_class_paths(words[1:])
+        return fit(None)
     args = build_parser().parse_args(words)
     return int(args.run(args))
 
