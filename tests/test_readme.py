@@ -44,6 +44,8 @@ EXPECTED = {
     "report": "learning_curve.png",
     "plugins": "esper.blueprints",
 }
+#: Third-party notices a normal run must not print.
+NOISE = ("litlogger", "is deprecated")
 #: Subcommands that run with no arguments: an inline ``esper evaluate`` is a name in
 #: prose, an inline ``esper plugins`` is a command.
 NEEDS_NO_ARGUMENTS = frozenset({"fit", "plugins"})
@@ -119,3 +121,6 @@ def test_readme_command_runs_as_written(command: str, scratch: Path) -> None:
     assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     expected = "usage: esper" if "--help" in words else EXPECTED.get(subcommand, "")
     assert expected in done.stdout, f"{command}: {expected!r} not printed\n{done.stdout[-2000:]}"
+    printed = done.stdout + done.stderr
+    for noise in NOISE:  # a normal run carries no third-party adverts or deprecations
+        assert noise not in printed, f"{command} printed {noise!r}:\n{printed[-3000:]}"

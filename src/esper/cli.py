@@ -17,6 +17,7 @@ import inspect
 import logging
 import shutil
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,24 @@ class _RunFolderGuard:
                 shutil.rmtree(folder)
 
 
+#: Where Lightning's rank-zero messages go; its litlogger advert is one of them.
+LIGHTNING_INFO_LOGGER = "lightning.pytorch.utilities.rank_zero"
+
+
+def _drop_advert(record: logging.LogRecord) -> bool:
+    return "litlogger" not in record.getMessage()
+
+
+def _quiet_third_party() -> None:
+    """No adverts or deprecation notices of libraries in a normal run (they are not ours
+    to act on): Lightning's litlogger tip, and torch's LeafSpec deprecation that
+    Lightning's own pytree helper triggers."""
+    logging.getLogger(LIGHTNING_INFO_LOGGER).addFilter(_drop_advert)
+    warnings.filterwarnings(
+        "ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning
+    )
+
+
 def _data_names_as_class_paths(argv: Sequence[str]) -> list[str]:
     """``--data NAME`` with a registry name (``esper plugins`` lists them) as its class path.
 
@@ -219,6 +238,7 @@ def fit(argv: Sequence[str] | None = None) -> int:
     from esper.tolaria.data import HostDataModule
 
     guard = _RunFolderGuard()
+    _quiet_third_party()
 
     class EsperCLI(LightningCLI):
         def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
