@@ -64,7 +64,7 @@ DEFAULT_CALLBACKS: tuple[str, ...] = (
 
 #: Defaults for ``esper fit`` with no arguments: a short run on the embedded digits data.
 DEFAULT_DATA = "esper.tolaria.data.DigitsDataModule"
-DEFAULT_MAX_EPOCHS = 6
+DEFAULT_MAX_EPOCHS = 60
 FIT_TRAINER_DEFAULTS: dict[str, object] = {
     "max_epochs": DEFAULT_MAX_EPOCHS,
     "log_every_n_steps": 1,

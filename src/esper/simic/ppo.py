@@ -83,8 +83,8 @@ class PPOConfig:
     #: Start every env of a rollout from the same host weights and take each env's
     #: advantage relative to the other envs' at the same step (``simic/advantages.py``):
     #: what the host's own luck adds to a return cancels, what the actions did stays.
-    #: Needs at least 2 envs per rank.
-    paired_envs: bool = False
+    #: Needs at least 2 envs per rank. On: measured in benchmarks/README.md.
+    paired_envs: bool = True
     adam_eps: float = 1e-5
     advantage_norm_eps: float = 1e-8
 
