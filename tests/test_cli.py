@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from esper.cli import main
+from esper.simic.ppo import PPOConfig
 
 #: The scalars a user watching TensorBoard is promised.
 PROMISED_SCALARS = (
@@ -146,6 +148,28 @@ def test_data_takes_the_registry_names_esper_plugins_lists(
         main(["fit", *form.replace("NAME", name).split(), "--print_config"])
     assert exited.value.code == 0
     assert f".{cls}" in capsys.readouterr().out.split("data:", 1)[1].splitlines()[1]
+
+
+@pytest.mark.slow
+def test_saved_config_holds_every_resolved_value_and_repeats_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY_CONFIG.replace("max_epochs: 2", "max_epochs: 1"))
+    root = tmp_path / "run"
+    args = ["--config", str(config), "--model.ppo.lr", "0.002"]
+    assert main(["fit", *args, "--trainer.default_root_dir", str(root)]) == 0
+    saved_path = next(root.rglob("config.yaml"))
+    model = yaml.safe_load(saved_path.read_text())["model"]
+    for key in ("lifecycle", "host_optim", "rewards", "policy", "ppo", "normalizer"):
+        assert isinstance(model[key], dict) and model[key], f"model.{key} saved as {model[key]}"
+    assert model["ppo"]["lr"] == 0.002 and model["ppo"]["clip_coef"] == PPOConfig().clip_coef
+    assert model["host_kwargs"] == {"channels": [4, 8]}
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:  # the saved file alone is a valid config
+        main(["fit", "--config", str(saved_path), "--print_config"])
+    assert exited.value.code == 0
+    assert yaml.safe_load(capsys.readouterr().out)["model"]["ppo"] == model["ppo"]
 
 
 def test_plugins_lists_every_registry(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,6 +12,7 @@ author's first check that their package is seen, and where each name comes from.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import inspect
 import logging
@@ -203,6 +204,25 @@ def _drop_carried_defaults(data: Any, given: set[str]) -> None:
             init_args[name] = own[name]
 
 
+def _record_resolved_configs(model_config: Any, module: Any) -> None:
+    """Put the configs the run uses into the config LightningCLI saves (``config.yaml``),
+    where a left-out config reads ``null``: the file then repeats the run by itself."""
+    from jsonargparse import Namespace
+
+    env = module.env_config
+    resolved = {
+        "lifecycle": env.lifecycle,
+        "host_optim": env.optim,
+        "rewards": env.rewards,
+        "policy": module.policy_config,
+        "ppo": module.ppo_config,
+        "normalizer": module.normalizer_config,
+    }
+    for key, config in resolved.items():
+        model_config[key] = Namespace(**dataclasses.asdict(config))
+    model_config["host_kwargs"] = dict(env.host_kwargs)
+
+
 def _import_class(path: str) -> type:
     module, _, name = path.rpartition(".")
     return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
@@ -310,6 +330,10 @@ def fit(argv: Sequence[str] | None = None) -> int:
             except (ValueError, TypeError):
                 return  # a bad host or blueprint setting: setup names it by its key
             check_same_action_space(trained, run, path)
+
+        def after_instantiate_classes(self) -> None:
+            super().after_instantiate_classes()
+            _record_resolved_configs(self._get(self.config, "model"), self.model)
 
         def before_fit(self) -> None:
             seed = self._get(self.config, "seed_everything")
