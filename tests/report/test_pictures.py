@@ -71,6 +71,17 @@ def test_timeline_from_a_real_rollout(rollout, tmp_path: Path) -> None:
     assert len(np.unique(image.reshape(-1, 3), axis=0)) > 20
 
 
+def test_a_timeline_label_replaces_env_and_rollout_in_the_title_only(rollout) -> None:
+    steps, slot_ids = rollout
+    default = render_timeline(steps, 1, slot_ids)
+    same = render_timeline(steps, 1, slot_ids, label="env 1, rollout 0")
+    named = render_timeline(steps, 1, slot_ids, label="learned, episode 3")
+    assert np.array_equal(default, same)  # the default title is "env E, rollout R"
+    changed = np.any(default != named, axis=(1, 2))
+    title_rows = np.flatnonzero(changed)
+    assert title_rows.size > 0 and title_rows.max() < default.shape[0] // 8  # title band only
+
+
 def test_timeline_has_exactly_the_asked_size(rollout, tmp_path: Path) -> None:
     steps, slot_ids = rollout
     size = (1001, 333)  # odd sizes: w / dpi * dpi may fall just short of w

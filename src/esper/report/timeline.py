@@ -77,6 +77,7 @@ def render_timeline(
     slot_ids: Sequence[str],
     size: tuple[int, int] = TIMELINE_SIZE,
     path: Path | str | None = None,
+    label: str | None = None,
 ) -> np.ndarray:
     """Draw env ``env``'s episode from the ``steps`` of one rollout.
 
@@ -87,6 +88,8 @@ def render_timeline(
             (``MorphogeneticVecEnv.slot_ids``).
         size: ``(width, height)`` of the picture in pixels.
         path: where to write it as PNG as well (parent folders are created).
+        label: what the title calls the episode (e.g. ``"learned, episode 3"``); default
+            ``"env E, rollout R"``.
 
     Returns:
         the picture, ``uint8`` RGB of shape ``(height, width, 3)``.
@@ -125,11 +128,10 @@ def render_timeline(
     final = _draw_accuracy(bottom, steps, env)
 
     top.set_ylabel("slot")
+    name = label if label is not None else f"env {env}, rollout {rollouts[0]}"
+    accuracy = f"{final:.3f}" if np.isfinite(final) else "n/a"
     top.set_title(
-        f"env {env}, rollout {rollouts[0]}: seed stages per host epoch (final val acc {final:.3f})"
-        if np.isfinite(final)
-        else f"env {env}, rollout {rollouts[0]}: seed stages per host epoch (final val acc n/a)",
-        fontsize="medium",
+        f"{name}: seed stages per host epoch (final val acc {accuracy})", fontsize="medium"
     )
     bottom.set_xlabel("host epoch")
     bottom.set_xlim(epochs[0] - 0.5, epochs[-1] + 0.5)

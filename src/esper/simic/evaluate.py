@@ -124,7 +124,8 @@ class Evaluation:
                     if episode >= episodes:
                         break
                     path = out_dir / f"{name}_episode{episode}.png"
-                    render_timeline(steps, env, self.slot_ids, path=path)
+                    label = f"{name}, episode {episode}"
+                    render_timeline(steps, env, self.slot_ids, path=path, label=label)
                     written.append(path)
                     episode += 1
         return written
