@@ -172,6 +172,15 @@ def test_saved_config_holds_every_resolved_value_and_repeats_the_run(
     assert yaml.safe_load(capsys.readouterr().out)["model"]["ppo"] == model["ppo"]
 
 
+def test_fit_help_offers_no_options_that_cannot_work(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["fit", "--help"])
+    assert exited.value.code == 0
+    shown = capsys.readouterr().out
+    assert "--model.ppo" in shown
+    assert "--optimizer" not in shown and "--lr_scheduler" not in shown
+
+
 def test_plugins_lists_every_registry(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plugins"]) == 0
     out = capsys.readouterr().out

@@ -348,6 +348,9 @@ def fit(argv: Sequence[str] | None = None) -> int:
             PPOModule,
             HostDataModule,
             subclass_mode_data=True,
+            # PPOModule builds its own optimiser (manual optimisation): Lightning's
+            # --optimizer / --lr_scheduler options would be offered and then crash.
+            auto_configure_optimizers=False,
             trainer_defaults=FIT_TRAINER_DEFAULTS,
             seed_everything_default=0,
             args=None if argv is None else ["fit", *argv],
