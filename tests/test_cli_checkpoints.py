@@ -274,3 +274,39 @@ def test_a_missing_data_path_is_one_line_naming_it(
     assert "Traceback" not in result.stdout
     assert named.format(missing=missing) in shown[0] and says in shown[0], shown[0]
     assert set(tmp_path.rglob("*")) == before, "the failed run left files behind"
+
+
+def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(tmp_path: Path) -> None:
+    import shlex
+    import signal
+    import time
+
+    root = tmp_path / "run"
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY_CONFIG)
+    args = ["fit", "--config", str(config), "--trainer.default_root_dir", str(root)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "COLUMNS": "200"}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "esper.cli", *args, "--trainer.max_epochs", "50"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    last = root / "checkpoints" / "last.ckpt"
+    deadline = time.monotonic() + TIMEOUT_S
+    while not last.is_file() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert last.is_file(), "no update completed"
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=TIMEOUT_S)
+    assert run.returncode != 0
+    said = err[err.index("esper fit: interrupted") :]
+    assert "last rollout:" in said and f"last checkpoint: {last}" in said, said
+    resume = shlex.split(said.split("resume with:", 1)[1].strip().splitlines()[0])
+    assert resume[:2] == ["esper", "fit"] and resume[-2:] == ["--ckpt_path", str(last)]
+    # The run's own arguments as printed, stopped sooner than 50 updates (a later flag wins).
+    finished = esper(*resume[1:-2], "--trainer.max_epochs", "4", *resume[-2:], cwd=tmp_path)
+    assert finished.returncode == 0, finished.stdout
+    assert "PPO update(s)" in finished.stdout

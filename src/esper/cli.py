@@ -16,6 +16,7 @@ import dataclasses
 import importlib
 import inspect
 import logging
+import shlex
 import shutil
 import sys
 import warnings
@@ -342,7 +343,9 @@ def fit(argv: Sequence[str] | None = None) -> int:
             log_dir = self.trainer.log_dir or self.trainer.default_root_dir
             run_dir = Path(log_dir).absolute()
             guard.watch([*reversed(run_dir.parents), run_dir])
+            started.append(self)
 
+    started: list[LightningCLI] = []
     try:
         cli = EsperCLI(
             PPOModule,
@@ -366,8 +369,47 @@ def fit(argv: Sequence[str] | None = None) -> int:
         message = " ".join(str(error).split())  # one line, whatever the source wrote
         print(f"esper fit: error: {message}", file=sys.stderr)
         raise SystemExit(2) from None
+    except SystemExit:
+        # Lightning answers Ctrl-C by tearing the run down and calling sys.exit(1).
+        if started and started[0].trainer.interrupted:
+            given = sys.argv[2:] if argv is None else list(argv)
+            print(format_interrupt(started[0].trainer, started[0].model, given), file=sys.stderr)
+        raise
     print(format_summary(cli.model))
     return 0
+
+
+def format_interrupt(trainer: Any, module: Any, argv: Sequence[str]) -> str:
+    """What ``esper fit`` says when stopped by Ctrl-C: the last update, the last
+    checkpoint, and the command that resumes the run from it."""
+    from esper.callbacks.checkpoint import newest_checkpoint
+
+    saved = newest_checkpoint(trainer)
+    lines = [f"esper fit: interrupted during update {trainer.current_epoch + 1}."]
+    if getattr(module, "last_summary", None) is not None:
+        lines.append(format_summary(module).replace("esper fit: ", "last rollout: ", 1))
+    if saved is None or not saved.is_file():
+        lines.append("No update completed, so there is no checkpoint to resume from.")
+        return "\n".join(lines)
+    kept = _without_ckpt_path(list(argv))
+    lines += [
+        f"last checkpoint: {saved}",
+        "resume with:",
+        "  " + shlex.join(["esper", "fit", *kept, "--ckpt_path", str(saved)]),
+    ]
+    return "\n".join(lines)
+
+
+def _without_ckpt_path(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == "--ckpt_path":
+            skip = True
+        elif not word.startswith("--ckpt_path="):
+            out.append(word)
+    return out
 
 
 def format_summary(module: object) -> str:

@@ -193,6 +193,18 @@ class BestPolicyCheckpoint(_FixedFolderCheckpoint):
         super().__init__(dirpath=dirpath, monitor=monitor, mode=mode, filename=filename, **kwargs)
 
 
+def newest_checkpoint(trainer: Trainer) -> Path | None:
+    """The file a run resumes from: :class:`EsperCheckpoint`'s ``last.ckpt``, else the
+    last file any other checkpoint callback wrote; None before the first one."""
+    found: list[str] = []
+    for cb in trainer.checkpoint_callbacks:
+        if isinstance(cb, EsperCheckpoint) and cb.best_model_path:
+            return Path(cb.best_model_path)
+        if isinstance(cb, ModelCheckpoint):
+            found += [p for p in (cb.last_model_path, cb.best_model_path) if p]
+    return Path(found[0]) if found else None
+
+
 def default_checkpoints() -> list[ModelCheckpoint]:
     """What ``esper fit`` installs: resume from ``last.ckpt``, keep the best policy."""
     return [EsperCheckpoint(), BestPolicyCheckpoint()]

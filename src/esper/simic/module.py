@@ -19,11 +19,10 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 from lightning.pytorch import LightningModule
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from esper.callbacks.base import EsperCallback
-from esper.callbacks.checkpoint import CheckpointError, EsperCheckpointIO
+from esper.callbacks.checkpoint import CheckpointError, EsperCheckpointIO, newest_checkpoint
 from esper.contracts import ActionSchema, BlendMode
 from esper.contracts.rollout import RolloutSummary, StepBatch
 from esper.kasmina import LifecycleConfig, OptimConfig
@@ -341,15 +340,11 @@ class PPOModule(LightningModule):
 
     def _failure_message(self, exc: BaseException) -> str:
         """What failed, and where the run's data is: the last complete update's checkpoint."""
-        saved = [
-            cb.last_model_path or cb.best_model_path
-            for cb in self.trainer.checkpoint_callbacks
-            if isinstance(cb, ModelCheckpoint) and (cb.last_model_path or cb.best_model_path)
-        ]
+        saved = newest_checkpoint(self.trainer)
         where = (
-            f"the last checkpoint, written after update {self.current_epoch}, is {saved[0]}; "
+            f"the last checkpoint, written after update {self.current_epoch}, is {saved}; "
             "resume with --ckpt_path last"
-            if saved
+            if saved is not None
             else "no update had completed, so there is no checkpoint to resume from"
         )
         return (
