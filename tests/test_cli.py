@@ -181,6 +181,19 @@ def test_fit_help_offers_no_options_that_cannot_work(capsys: pytest.CaptureFixtu
     assert "--optimizer" not in shown and "--lr_scheduler" not in shown
 
 
+def test_fit_prints_one_plain_line_per_update_when_stdout_is_not_a_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY_CONFIG.replace("  enable_progress_bar: false\n", ""))
+    assert main(["fit", "--config", str(config), "--trainer.default_root_dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("update ")]
+    assert [line.split()[1] for line in lines] == ["1/2", "2/2"], out
+    assert all("steps/s" in line and "val acc" in line for line in lines)
+    assert "\r" not in out  # no bar redrawn in place
+
+
 def test_plugins_lists_every_registry(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plugins"]) == 0
     out = capsys.readouterr().out

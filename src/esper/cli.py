@@ -64,6 +64,9 @@ DEFAULT_CALLBACKS: tuple[str, ...] = (
     "best_checkpoint",
 )
 
+#: Added to the callbacks when stdout is not a terminal, in place of the progress bar.
+PLAIN_PROGRESS = "progress_lines"
+
 #: Defaults for ``esper fit`` with no arguments: a short run on the embedded digits data.
 DEFAULT_DATA = "esper.tolaria.data.DigitsDataModule"
 DEFAULT_MAX_EPOCHS = 60
@@ -260,6 +263,8 @@ def fit(argv: Sequence[str] | None = None) -> int:
 
     guard = _RunFolderGuard()
     _quiet_third_party()
+    # A bar in a file is carriage-return noise: plain lines, one per update, instead.
+    on_terminal = sys.stdout.isatty()
 
     class EsperCLI(LightningCLI):
         def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -267,7 +272,7 @@ def fit(argv: Sequence[str] | None = None) -> int:
             parser.add_argument(
                 "--callbacks",
                 type=list[str],
-                default=list(DEFAULT_CALLBACKS),
+                default=list(DEFAULT_CALLBACKS) + ([] if on_terminal else [PLAIN_PROGRESS]),
                 help=(
                     "callbacks to enable by registry name, built with their defaults "
                     f"(built-in and entry-point plugins: {', '.join(CALLBACKS.names())}); "
@@ -354,7 +359,7 @@ def fit(argv: Sequence[str] | None = None) -> int:
             # PPOModule builds its own optimiser (manual optimisation): Lightning's
             # --optimizer / --lr_scheduler options would be offered and then crash.
             auto_configure_optimizers=False,
-            trainer_defaults=FIT_TRAINER_DEFAULTS,
+            trainer_defaults={**FIT_TRAINER_DEFAULTS, "enable_progress_bar": on_terminal},
             seed_everything_default=0,
             args=None if argv is None else ["fit", *argv],
             parser_kwargs={"prog": "esper"},

@@ -11,6 +11,7 @@ from lightning.pytorch import Callback
 from esper.callbacks.base import EsperCallback
 from esper.callbacks.checkpoint import BestPolicyCheckpoint, EsperCheckpoint
 from esper.callbacks.governor import GovernorCallback
+from esper.callbacks.progress import ProgressLines
 from esper.callbacks.telemetry import TelemetryCallback
 from esper.callbacks.timeline import TimelineCallback
 from esper.plugins import Registry
@@ -34,6 +35,7 @@ CALLBACKS.register("governor", GovernorCallback)
 CALLBACKS.register("last_checkpoint", EsperCheckpoint)
 CALLBACKS.register("best_checkpoint", BestPolicyCheckpoint)
 CALLBACKS.register("timeline", TimelineCallback)
+CALLBACKS.register("progress_lines", ProgressLines)
 
 __all__ = [
     "CALLBACKS",
@@ -41,6 +43,7 @@ __all__ = [
     "EsperCallback",
     "EsperCheckpoint",
     "GovernorCallback",
+    "ProgressLines",
     "TelemetryCallback",
     "TimelineCallback",
 ]
