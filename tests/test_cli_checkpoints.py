@@ -310,3 +310,30 @@ def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(tmp_path: Path) -
     finished = esper(*resume[1:-2], "--trainer.max_epochs", "4", *resume[-2:], cwd=tmp_path)
     assert finished.returncode == 0, finished.stdout
     assert "PPO update(s)" in finished.stdout
+
+
+@pytest.mark.parametrize("how", ["path", "last"])
+def test_resuming_a_finished_run_says_how_to_extend_it_and_creates_nothing(
+    trained: Path, how: str
+) -> None:
+    root = trained.parent
+    before = sorted(p for p in root.parent.rglob("*"))
+    ckpt = str(trained / "last.ckpt") if how == "path" else "last"
+    config = root.parent / "tiny.yaml"
+    result = esper(
+        "fit",
+        "--config",
+        str(config),
+        "--trainer.default_root_dir",
+        str(root),
+        "--trainer.max_epochs",
+        "1",
+        "--ckpt_path",
+        ckpt,
+        cwd=root.parent,
+    )
+    assert result.returncode == 2
+    said = lines(result)
+    assert len(said) == 1, said
+    assert "already made its 1 PPO update(s)" in said[0] and "--trainer.max_epochs 2" in said[0]
+    assert sorted(p for p in root.parent.rglob("*")) == before  # no new version folder

@@ -250,7 +250,7 @@ def fit(argv: Sequence[str] | None = None) -> int:
     from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
     from esper.callbacks import CALLBACKS
-    from esper.callbacks.checkpoint import CheckpointError, read_checkpoint
+    from esper.callbacks.checkpoint import CHECKPOINT_DIR, CheckpointError, read_checkpoint
     from esper.simic.env import action_schema
     from esper.simic.module import (
         PPOModule,
@@ -300,7 +300,25 @@ def fit(argv: Sequence[str] | None = None) -> int:
                 checkpoint = read_checkpoint(ckpt_path)
                 schema, _ = checkpoint_policy_spec(checkpoint, ckpt_path)
                 self._resume_from = (str(ckpt_path), schema)
+                self._refuse_finished(checkpoint, str(ckpt_path))
+            elif str(ckpt_path) == "last":
+                root = self.config[self.config.subcommand]["trainer"].get("default_root_dir")
+                last = Path(root or ".") / CHECKPOINT_DIR / "last.ckpt"
+                if last.is_file():
+                    self._refuse_finished(read_checkpoint(last), f"last ({last})")
             super()._parse_ckpt_path()
+
+        def _refuse_finished(self, checkpoint: dict[str, Any], name: str) -> None:
+            """A run that already made its ``max_epochs`` updates would resume to do
+            nothing; say so, and how to train further, before any folder is made."""
+            done = int(checkpoint.get("epoch", -1)) + 1
+            max_epochs = self.config[self.config.subcommand]["trainer"].get("max_epochs")
+            if max_epochs is not None and 0 <= max_epochs <= done:
+                raise CheckpointError(
+                    f"--ckpt_path {name}: this run already made its {done} PPO update(s) "
+                    f"(trainer.max_epochs={max_epochs}); to train it further, resume with "
+                    f"--trainer.max_epochs {done + max(done, 1)} (or any number above {done})"
+                )
 
         def _set_seed(self) -> None:
             # Lightning logs "Seed set to N" here, before any input is checked; said in
