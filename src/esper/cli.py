@@ -459,6 +459,16 @@ def format_summary(module: object) -> str:
     return "\n".join(lines)
 
 
+def _say_done(result: Any) -> None:
+    """Progress of ``esper evaluate``: one line per controller as it finishes."""
+    print(
+        f"  {result.controller:<10} {result.episodes} episode(s) in {result.wall_s:.0f} s, "
+        f"final val acc {result.final_val_acc_mean:.4f}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def _evaluate(args: argparse.Namespace) -> int:
     from esper.simic.evaluate import evaluate
 
@@ -466,7 +476,12 @@ def _evaluate(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else ckpt.resolve().parent.parent / "evaluation"
     try:
         result = evaluate(
-            ckpt, episodes=args.episodes, seed=args.seed, device=args.device, sample=args.sample
+            ckpt,
+            episodes=args.episodes,
+            seed=args.seed,
+            device=args.device,
+            sample=args.sample,
+            on_controller_done=_say_done,
         )
     except Exception as exc:
         error = _input_error(exc)

@@ -37,7 +37,10 @@ def test_table_csv_and_json_agree_and_cover_all_four_controllers(
         )
         == 0
     )
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
+    progress = [line.split()[0] for line in captured.err.splitlines() if "episode(s) in" in line]
+    assert progress == list(CONTROLLERS)  # one line per controller, as each finishes
     table = {
         line.split()[0]: line.split()
         for line in printed.splitlines()

@@ -199,12 +199,14 @@ def evaluate(
     datamodule: HostDataModule | None = None,
     controllers: tuple[str, ...] = CONTROLLERS,
     sample: bool = False,
+    on_controller_done: Callable[[ControllerResult], None] | None = None,
 ) -> Evaluation:
     """Run ``episodes`` fresh episodes under each controller; see the module docstring.
 
     ``sample`` draws the learned policy's actions from its distribution (seeded by the
     episode group, so a repeat gives the same episodes) instead of taking each head's
-    most likely choice; the other controllers are unaffected.
+    most likely choice; the other controllers are unaffected. ``on_controller_done`` is
+    called with each controller's result as soon as its episodes are done (progress).
     """
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"episodes must be an int >= 1, got {episodes!r}")
@@ -252,6 +254,8 @@ def evaluate(
             )
         )
         all_steps[name] = run.steps
+        if on_controller_done is not None:
+            on_controller_done(results[-1])
     return Evaluation(_paired_with_reference(results), all_steps, slot_ids)
 
 
