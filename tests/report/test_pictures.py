@@ -316,6 +316,25 @@ def test_timeline_callback_logs_to_tensorboard_and_saves_png(rollout, tmp_path: 
     assert (images[0].width, images[0].height) == TIMELINE_SIZE
 
 
+def test_timeline_callback_draws_the_first_and_the_last_rollout_of_a_short_run(
+    rollout, tmp_path: Path
+) -> None:
+    steps, _ = rollout
+    callback = TimelineCallback(every_n_updates=10, env=1)
+    trainer = Trainer(
+        default_root_dir=tmp_path,
+        max_epochs=4,
+        logger=TensorBoardLogger(tmp_path),
+        callbacks=[callback],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    drive(callback, trainer, steps, rollouts=4)
+    log_dir = Path(trainer.log_dir)
+    assert callback.written == [log_dir / f"timeline_rollout{r:04d}.png" for r in (0, 3)]
+
+
 def test_timeline_callback_without_tensorboard_still_saves(rollout, tmp_path: Path) -> None:
     steps, _ = rollout
     callback = TimelineCallback(every_n_updates=1)

@@ -33,7 +33,9 @@ _STATE_VERSION = 1
 
 
 class TimelineCallback(EsperCallback):
-    """Draws env ``env``'s seed timeline every ``every_n_updates`` rollouts.
+    """Draws env ``env``'s seed timeline every ``every_n_updates`` rollouts, and the run's
+    last rollout (``trainer.max_epochs - 1``), so even a short run pictures its first and
+    its final policy.
 
     Args:
         every_n_updates: draw rollouts whose index is a multiple of this (``1``: all).
@@ -62,6 +64,7 @@ class TimelineCallback(EsperCallback):
         self._enabled: bool | None = None
         self._out_dir: Path | None = None
         self._steps: list[StepBatch] = []
+        self._last_rollout: int | None = None
 
     # ----------------------------------------------------------------- Lightning
     @property
@@ -73,6 +76,8 @@ class TimelineCallback(EsperCallback):
         log_dir = trainer.log_dir
         self._out_dir = Path(log_dir if log_dir is not None else trainer.default_root_dir)
         self._enabled = bool(trainer.is_global_zero)
+        max_epochs = trainer.max_epochs
+        self._last_rollout = max_epochs - 1 if max_epochs is not None and max_epochs > 0 else None
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._steps = []
@@ -98,7 +103,7 @@ class TimelineCallback(EsperCallback):
     # ------------------------------------------------------------ rollout hooks
     def draws(self, rollout: int) -> bool:
         """Whether rollout ``rollout`` is drawn."""
-        return rollout % self.every_n_updates == 0
+        return rollout % self.every_n_updates == 0 or rollout == self._last_rollout
 
     def on_rollout_start(self, trainer: Trainer, pl_module: LightningModule, rollout: int) -> None:
         self._check_enabled()
