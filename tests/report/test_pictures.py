@@ -289,19 +289,24 @@ def drive(callback: TimelineCallback, trainer: Trainer, steps: list[StepBatch], 
     callback.teardown(trainer, module, "fit")  # type: ignore[arg-type]
 
 
+def bare_trainer(tmp_path: Path, callback: TimelineCallback, **kwargs: object) -> Trainer:
+    """A Trainer for driving a callback's hooks by hand: no bar, summary or checkpoints."""
+    return Trainer(
+        default_root_dir=tmp_path,
+        callbacks=[callback],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
 def test_timeline_callback_logs_to_tensorboard_and_saves_png(rollout, tmp_path: Path) -> None:
     steps, slot_ids = rollout
     assert slot_ids == ("stage0", "stage1")
     logger = TensorBoardLogger(tmp_path)
     callback = TimelineCallback(every_n_updates=2, env=1)
-    trainer = Trainer(
-        default_root_dir=tmp_path,
-        logger=logger,
-        callbacks=[callback],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-    )
+    trainer = bare_trainer(tmp_path, callback, logger=logger)
     drive(callback, trainer, steps, rollouts=3)
     log_dir = Path(trainer.log_dir)
     assert callback.written == [log_dir / f"timeline_rollout{r:04d}.png" for r in (0, 2)]
@@ -321,15 +326,7 @@ def test_timeline_callback_draws_the_first_and_the_last_rollout_of_a_short_run(
 ) -> None:
     steps, _ = rollout
     callback = TimelineCallback(every_n_updates=10, env=1)
-    trainer = Trainer(
-        default_root_dir=tmp_path,
-        max_epochs=4,
-        logger=TensorBoardLogger(tmp_path),
-        callbacks=[callback],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-    )
+    trainer = bare_trainer(tmp_path, callback, max_epochs=4, logger=TensorBoardLogger(tmp_path))
     drive(callback, trainer, steps, rollouts=4)
     log_dir = Path(trainer.log_dir)
     assert callback.written == [log_dir / f"timeline_rollout{r:04d}.png" for r in (0, 3)]
@@ -338,14 +335,7 @@ def test_timeline_callback_draws_the_first_and_the_last_rollout_of_a_short_run(
 def test_timeline_callback_without_tensorboard_still_saves(rollout, tmp_path: Path) -> None:
     steps, _ = rollout
     callback = TimelineCallback(every_n_updates=1)
-    trainer = Trainer(
-        default_root_dir=tmp_path,
-        logger=CSVLogger(tmp_path),
-        callbacks=[callback],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-    )
+    trainer = bare_trainer(tmp_path, callback, logger=CSVLogger(tmp_path))
     drive(callback, trainer, steps, rollouts=1)
     assert [p.name for p in callback.written] == ["timeline_rollout0000.png"]
     assert callback.written[0].is_file()
