@@ -247,6 +247,22 @@ def test_report_writes_a_curve_beside_each_log(tmp_path: Path) -> None:
     assert not (logs / "version_2" / LEARNING_CURVE_FILE).exists()
 
 
+def test_report_draws_no_growth_from_the_runs_evaluation(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    log = write_log(run / "lightning_logs" / "version_0" / "events.jsonl", [update(0, 1.0, 0.5)])
+    plain = render_learning_curve(log, size=SMALL)
+    evaluation = run / "evaluation" / "evaluation.json"
+    evaluation.parent.mkdir(parents=True)
+    rows = [{"controller": "learned", "final_val_acc_mean": 0.9}]
+    rows.append({"controller": "no_growth", "final_val_acc_mean": 0.7})
+    evaluation.write_text(json.dumps({"rows": rows}))
+    (written,) = report(run)
+    expected = render_learning_curve(log, size=SMALL, no_growth_acc=0.7)
+    assert not np.array_equal(expected, plain)  # the reference line is drawn
+    full = render_learning_curve(log, no_growth_acc=0.7)
+    assert np.array_equal((imread(written)[..., :3] * 255).round().astype(np.uint8), full)
+
+
 def test_report_errors_name_the_run_dir(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="nowhere"):
         report(tmp_path / "nowhere")

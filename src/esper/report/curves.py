@@ -39,12 +39,20 @@ RETURN_KEY = "train/episode_return"
 ACCURACY_KEY = "train/host_val_acc"
 
 
+#: Where ``esper evaluate`` writes its figures by default, relative to the run folder.
+EVALUATION_JSON = Path("evaluation") / "evaluation.json"
+
+
 def render_learning_curve(
     events_jsonl: Path | str,
     path: Path | str | None = None,
     size: tuple[int, int] = LEARNING_CURVE_SIZE,
+    no_growth_acc: float | None = None,
 ) -> np.ndarray:
     """Plot mean episode return and host accuracy over PPO updates from ``events_jsonl``.
+
+    ``no_growth_acc`` (from an ``esper evaluate`` of the run) is drawn across the accuracy
+    plot as the reference the grown hosts are read against.
 
     Returns the picture as ``uint8`` RGB of shape ``(height, width, 3)`` and writes it as
     PNG to ``path`` when given. Raises ValueError naming the file when it holds no
@@ -82,10 +90,18 @@ def render_learning_curve(
     bottom.plot(
         rollouts, accuracy, color="tab:green", linewidth=1.4, label="mean over envs", **style
     )
+    if no_growth_acc is not None:
+        bottom.axhline(
+            no_growth_acc,
+            color="grey",
+            linestyle="--",
+            linewidth=1.2,
+            label=f"no growth, esper evaluate ({no_growth_acc:.3f})",
+        )
     bottom.set_ylabel("host val acc\n(end of episode)")
     bottom.set_xlabel("PPO update (rollout)")
     bottom.grid(True, alpha=0.3)
-    if per_env:
+    if per_env or no_growth_acc is not None:
         bottom.legend(loc="lower right", fontsize="small")
     if len(rollouts) == 1:
         bottom.set_xlim(rollouts[0] - 1, rollouts[0] + 1)
@@ -115,10 +131,11 @@ def report(run_dir: Path | str) -> list[Path]:
         )
     written: list[Path] = []
     errors: list[ValueError] = []
+    no_growth_acc = _no_growth_reference(run_dir)
     for log in logs:
         out = log.parent / LEARNING_CURVE_FILE
         try:
-            render_learning_curve(log, out)
+            render_learning_curve(log, out, no_growth_acc=no_growth_acc)
         except ValueError as exc:
             errors.append(exc)
             warnings.warn(f"esper report: skipped {log}: {exc}", stacklevel=2)
@@ -130,6 +147,20 @@ def report(run_dir: Path | str) -> list[Path]:
 
 
 # ------------------------------------------------------------------ reading
+def _no_growth_reference(run_dir: Path) -> float | None:
+    """No growth's mean final accuracy from ``<run_dir>/evaluation/evaluation.json``
+    (where ``esper evaluate`` writes by default), or None when there is none."""
+    path = run_dir / EVALUATION_JSON
+    if not path.is_file():
+        return None
+    try:
+        rows = json.loads(path.read_text())["rows"]
+        return next(float(r["final_val_acc_mean"]) for r in rows if r["controller"] == "no_growth")
+    except (ValueError, KeyError, TypeError, StopIteration):
+        warnings.warn(f"esper report: {path} has no no-growth row; drawn without it", stacklevel=3)
+        return None
+
+
 def _read_log(
     path: Path,
 ) -> tuple[dict[int, dict[str, Any]], dict[int, dict[int, dict[str, Any]]]]:
