@@ -293,6 +293,9 @@ def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(tmp_path: Path) -
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A shell that starts jobs in the background (nohup, CI runners) hands them SIGINT
+        # ignored, and Python then installs no KeyboardInterrupt handler: restore it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     last = root / "checkpoints" / "last.ckpt"
     deadline = time.monotonic() + TIMEOUT_S

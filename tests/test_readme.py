@@ -22,18 +22,18 @@ import torch
 from tests.tolaria.data.test_cifar10 import make_fake_cifar
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-#: Added to every ``esper fit``: one update of 3-epoch episodes over 2 envs.
+#: Added to every ``esper fit``: one update of 2-epoch episodes over 2 envs.
 FIT_BUDGET = [
     "--trainer.max_epochs",
     "1",
     "--model.episode_epochs",
-    "3",
+    "2",
     "--model.n_envs",
     "2",
     "--model.ppo.n_minibatches",
     "1",
     "--data.batch_size",
-    "16",
+    "64",
 ]
 #: Added to every ``esper evaluate``.
 EVALUATE_BUDGET = ["--episodes", "2"]
