@@ -37,10 +37,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from esper.simic.evaluate import ControllerResult, evaluate, standard_error_of_difference
+from esper.simic.evaluate import (
+    REFERENCE,
+    ControllerResult,
+    evaluate,
+    standard_error_of_difference,
+)
 
-#: Paired against every other controller.
-REFERENCE = "no_growth"
 #: Controllers that need no policy: the same for every checkpoint, so run once per seed.
 FIXED = ("no_growth", "heuristic", "scripted")
 #: Where the curve checkpoints go inside a run folder, and how they are named.
