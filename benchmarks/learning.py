@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from esper.callbacks.checkpoint import find_last_checkpoint
 from esper.simic.evaluate import (
     REFERENCE,
     ControllerResult,
@@ -127,9 +128,11 @@ def one_seed(seed: int, args: argparse.Namespace, extra: list[str]) -> dict[str,
     run_dir = args.out / f"seed{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     fit_s = None if args.skip_fit else fit(seed, run_dir, args.every, extra)
-    last = run_dir / "checkpoints" / "last.ckpt"
-    if not last.is_file():
-        raise FileNotFoundError(f"{last} is missing: did `esper fit` finish? See {run_dir}/fit.log")
+    last = find_last_checkpoint(run_dir)
+    if last is None:
+        raise FileNotFoundError(
+            f"no last.ckpt under {run_dir}: did `esper fit` finish? See {run_dir}/fit.log"
+        )
     if fit_s is not None:
         print(f"seed {seed}: esper fit took {fit_s / 60:.1f} min", flush=True)
 

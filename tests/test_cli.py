@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -192,6 +193,24 @@ def test_fit_prints_one_plain_line_per_update_when_stdout_is_not_a_terminal(
     assert [line.split()[1] for line in lines] == ["1/2", "2/2"], out
     assert all("steps/s" in line and "val acc" in line for line in lines)
     assert "\r" not in out  # no bar redrawn in place
+
+
+def test_fit_on_a_terminal_shows_a_bar_over_each_updates_host_epochs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY_CONFIG.replace("  enable_progress_bar: false\n", ""))
+    assert main(["fit", "--config", str(config), "--trainer.default_root_dir", str(tmp_path)]) == 0
+    frames = capsys.readouterr().out.replace("\n", "\r").split("\r")
+    bars = [f for f in frames if "host epoch" in f]
+    # While update 2 runs, the bar counts its host epochs (3 per episode) and shows the
+    # figures of update 1, which finished.
+    during = [f for f in bars if f.startswith("update 2/2") and "2/3" in f]
+    assert during, bars
+    assert "return +" in during[-1] and "approx_kl" in during[-1], during[-1]
+    assert any(f.startswith("update 1/2") and "PPO update" in f for f in bars), bars
+    assert not any(line.startswith("update ") and "steps/s" in line for line in frames)
 
 
 def test_plugins_lists_every_registry(capsys: pytest.CaptureFixture[str]) -> None:

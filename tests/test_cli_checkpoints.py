@@ -23,6 +23,8 @@ from tests.test_cli import TINY_CONFIG
 STEPS_PER_UPDATE = PPOConfig().update_epochs * PPOConfig().n_minibatches
 #: Generous for a tiny run on 2 busy CPU cores.
 TIMEOUT_S = 300
+#: The run folder of the first run under a root: its checkpoints, events and evaluation.
+RUN0 = Path("lightning_logs") / "version_0"
 #: A blueprint a "plugin" adds after a checkpoint was written: the action space changes.
 PLUGIN_BLUEPRINT = "conv_light_from_plugin"
 #: Run ``esper`` with one more blueprint registered, as an installed plugin would.
@@ -87,7 +89,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The checkpoints folder of a finished 1-update run."""
     root = tmp_path_factory.mktemp("trained") / "run"
     fit(root)
-    return root / "checkpoints"
+    return root / RUN0 / "checkpoints"
 
 
 # ------------------------------------------------------------------ safe checkpoints
@@ -112,23 +114,30 @@ def test_resuming_from_a_copied_last_ckpt_by_path_ends_bit_identical(tmp_path: P
     assert "esper fit: 2 PPO update(s)" in split.stdout
     elsewhere = tmp_path / "copied" / "somewhere.ckpt"
     elsewhere.parent.mkdir()
-    shutil.copy(tmp_path / "split" / "checkpoints" / "last.ckpt", elsewhere)
+    shutil.copy(tmp_path / "split" / RUN0 / "checkpoints" / "last.ckpt", elsewhere)
 
     resumed = fit(tmp_path / "resumed", "--ckpt_path", str(elsewhere), max_epochs=3)
 
     assert "esper fit: 3 PPO update(s)" in resumed.stdout
-    straight = policy_weights(tmp_path / "straight" / "checkpoints" / "last.ckpt")
-    after = policy_weights(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    straight = policy_weights(tmp_path / "straight" / RUN0 / "checkpoints" / "last.ckpt")
+    after = policy_weights(tmp_path / "resumed" / RUN0 / "checkpoints" / "last.ckpt")
     assert straight.keys() == after.keys()
     for name, value in straight.items():
         assert torch.equal(value, after[name]), name
 
 
 @pytest.mark.slow
-def test_a_best_checkpoint_resumes_by_path(trained: Path, tmp_path: Path) -> None:
-    best = next(trained.glob("best-*.ckpt"))
-    resumed = fit(tmp_path / "run", "--ckpt_path", str(best), max_epochs=2)
+def test_a_best_checkpoint_resumes_by_path_in_its_run_folder(
+    trained: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(trained.parents[2], run)  # resuming writes into the run it resumes
+    best = next((run / RUN0 / "checkpoints").glob("best-*.ckpt"))
+    resumed = fit(tmp_path / "elsewhere", "--ckpt_path", str(best), max_epochs=2)
     assert "esper fit: 2 PPO update(s)" in resumed.stdout
+    assert not (tmp_path / "elsewhere").exists(), "the run continued in its own folder"
+    last = torch.load(run / RUN0 / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["epoch"] == 1
 
 
 # ------------------------------------------------------------------ bad checkpoint files
@@ -219,6 +228,34 @@ def test_a_missing_checkpoint_is_one_line_naming_it(tmp_path: Path, kind: str) -
     _assert_one_line_naming(result, path, "does not exist", before, tmp_path)
 
 
+@pytest.mark.parametrize("kind", ["fit", "evaluate"])
+def test_last_with_no_run_to_resume_is_one_line_saying_where_it_looked(
+    tmp_path: Path, kind: str
+) -> None:
+    if kind == "fit":
+        command = ["fit", "--trainer.default_root_dir", str(tmp_path), "--ckpt_path", "last"]
+    else:
+        command = ["evaluate", "--ckpt", "last"]
+    before = set(tmp_path.rglob("*"))
+    result = esper(*command, cwd=tmp_path)
+    shown = lines(result)
+    assert result.returncode == 2 and len(shown) == 1, result.stdout
+    assert "no run under" in shown[0] and "last.ckpt" in shown[0], shown[0]
+    assert set(tmp_path.rglob("*")) == before, "the refused run left files behind"
+
+
+@pytest.mark.slow
+def test_resuming_last_continues_the_newest_run_folder(trained: Path, tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    shutil.copytree(trained.parents[2], root)  # a finished 1-update run, version_0
+    resumed = fit(root, "--ckpt_path", "last", max_epochs=2)
+    assert "esper fit: 2 PPO update(s)" in resumed.stdout
+    assert [p.name for p in (root / "lightning_logs").iterdir()] == ["version_0"]
+    run = root / RUN0
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["epoch"] == 1
+    assert len(list(run.glob("events.out.tfevents.*"))) == 2, "one TensorBoard run, two files"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fit", "evaluate"])
 def test_a_checkpoint_from_another_action_space_is_one_line_naming_it(
@@ -302,7 +339,7 @@ def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(tmp_path: Path) -
         # ignored, and Python then installs no KeyboardInterrupt handler: restore it.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    last = root / "checkpoints" / "last.ckpt"
+    last = root / RUN0 / "checkpoints" / "last.ckpt"
     deadline = time.monotonic() + TIMEOUT_S
     while not last.is_file() and run.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -324,7 +361,7 @@ def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(tmp_path: Path) -
 def test_resuming_a_finished_run_says_how_to_extend_it_and_creates_nothing(
     trained: Path, how: str
 ) -> None:
-    root = trained.parent
+    root = trained.parents[2]  # <root>/lightning_logs/version_0/checkpoints
     before = sorted(p for p in root.parent.rglob("*"))
     ckpt = str(trained / "last.ckpt") if how == "path" else "last"
     result = try_fit(root, "--ckpt_path", ckpt, max_epochs=1)

@@ -1,7 +1,9 @@
-"""A run killed with SIGKILL resumes from its last checkpoint and ends where an unbroken run does."""
+"""A run killed with SIGKILL resumes from its last checkpoint, in its own run folder, and
+ends where an unbroken run does."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from esper.callbacks.checkpoint import find_last_checkpoint
 from tests.test_cli import TINY_CONFIG
 
 MAX_EPOCHS = 8
@@ -50,13 +53,15 @@ def test_a_run_killed_with_sigkill_resumes_to_the_weights_of_an_unbroken_run(
     config = tmp_path / "tiny.yaml"
     config.write_text(TINY_CONFIG)
     root = tmp_path / "run"
-    last = root / "checkpoints" / "last.ckpt"
+    last = root / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
 
     first = _fit(config, root)
     deadline = time.monotonic() + WAIT_S
     while not last.exists() and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert last.exists(), f"no checkpoint before the kill:\n{first.communicate()[0]}"
+    # Into the next update, so that the events file holds records the checkpoint does not.
+    time.sleep(0.5)
     assert first.poll() is None, "the run finished before it could be killed; lengthen it"
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
@@ -67,6 +72,13 @@ def test_a_run_killed_with_sigkill_resumes_to_the_weights_of_an_unbroken_run(
     assert resumed.returncode == 0, out
     assert "Restoring states from the checkpoint" in out
     assert f"esper fit: {MAX_EPOCHS} PPO update(s)" in out
+    # One run folder, continued: one events file in which each rollout appears once.
+    assert [p.name for p in (root / "lightning_logs").iterdir()] == ["version_0"]
+    records = [json.loads(line) for line in (last.parent.parent / "events.jsonl").open()]
+    updates = [r["rollout"] for r in records if r["kind"] == "ppo_update"]
+    assert updates == list(range(MAX_EPOCHS)), updates
+    (resume,) = [r for r in records if r["kind"] == "resume"]
+    assert resume["dropped_unfinished"] >= 0
 
     # Finishing is not enough: the resumed run must end exactly where one never killed does.
     unbroken_root = tmp_path / "unbroken"
@@ -82,5 +94,7 @@ def test_a_run_killed_with_sigkill_resumes_to_the_weights_of_an_unbroken_run(
 
 def _final_state_dict(root: Path) -> dict[str, torch.Tensor]:
     """The module weights in a run's final checkpoint."""
-    checkpoint = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)
+    last = find_last_checkpoint(root)
+    assert last is not None, f"no last.ckpt under {root}"
+    checkpoint = torch.load(last, weights_only=True)
     return checkpoint["state_dict"]

@@ -3,7 +3,7 @@
 The commands are read from the README itself, so an example that breaks fails here. They
 run in order, as subprocesses, in one scratch folder with ``HOME`` pointing at it (the
 CIFAR-10 example reads ``~/data/...``: a tiny fake release is written there), so
-``esper evaluate --ckpt checkpoints/last.ckpt`` finds what the ``esper fit`` before it
+``esper evaluate --ckpt last`` finds what the ``esper fit`` before it
 wrote. The budget flags come after the README's own, so they win.
 """
 

@@ -60,8 +60,9 @@ DEFAULT_CALLBACKS: tuple[str, ...] = (
     "telemetry",
     "governor",
     "timeline",
-    "last_checkpoint",
+    # best before last: last.ckpt then holds the best-so-far decided in the same update
     "best_checkpoint",
+    "last_checkpoint",
 )
 
 #: Added to the callbacks when stdout is not a terminal, in place of the progress bar.
@@ -227,6 +228,21 @@ def _record_resolved_configs(model_config: Any, module: Any) -> None:
     model_config["host_kwargs"] = dict(env.host_kwargs)
 
 
+def _bar(trainer_config: dict[str, Any]) -> list[Any]:
+    """Esper's bar over host epochs where Lightning would show its own (one that counts
+    the single batch of an update), unless the run brings a progress bar of its own."""
+    from lightning.pytorch.callbacks import ProgressBar
+
+    from esper.callbacks.progress import UpdateProgressBar
+
+    given = trainer_config.get("callbacks") or []
+    if not trainer_config.get("enable_progress_bar", True) or any(
+        isinstance(cb, ProgressBar) for cb in given
+    ):
+        return []
+    return [UpdateProgressBar()]
+
+
 def _import_class(path: str) -> type:
     module, _, name = path.rpartition(".")
     return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
@@ -250,7 +266,12 @@ def fit(argv: Sequence[str] | None = None) -> int:
     from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
     from esper.callbacks import CALLBACKS
-    from esper.callbacks.checkpoint import CHECKPOINT_DIR, CheckpointError, read_checkpoint
+    from esper.callbacks.checkpoint import (
+        CheckpointError,
+        find_last_checkpoint,
+        read_checkpoint,
+        run_folder_of,
+    )
     from esper.simic.env import action_schema
     from esper.simic.module import (
         PPOModule,
@@ -290,7 +311,21 @@ def fit(argv: Sequence[str] | None = None) -> int:
             # LightningCLI reads the file's hyperparameters into the config here, with a
             # bare torch.load; read and check it first so a bad file is named in one line.
             self._resume_from: tuple[str, Any] | None = None
-            ckpt_path = self.config[self.config.subcommand].get("ckpt_path")
+            run_config = self.config[self.config.subcommand]
+            ckpt_path = run_config.get("ckpt_path")
+            if str(ckpt_path) == "last":
+                # Resolved here, not by Lightning: the newest last.ckpt of the runs under
+                # the root, whose run folder this run then continues.
+                root = Path(run_config["trainer"].get("default_root_dir") or ".")
+                found = find_last_checkpoint(root)
+                if found is None:
+                    raise CheckpointError(
+                        f"--ckpt_path last: no run under {root.absolute()} has a last.ckpt "
+                        "(looked in */*/checkpoints and checkpoints); pass the .ckpt path, "
+                        "set --trainer.default_root_dir to the folder the run was in, or "
+                        "start afresh without --ckpt_path"
+                    )
+                ckpt_path = run_config["ckpt_path"] = str(found)
             if ckpt_path and str(ckpt_path) not in LIGHTNING_CKPT_WORDS:
                 if str(ckpt_path).startswith("registry"):
                     raise CheckpointError(
@@ -301,11 +336,6 @@ def fit(argv: Sequence[str] | None = None) -> int:
                 schema, _ = checkpoint_policy_spec(checkpoint, ckpt_path)
                 self._resume_from = (str(ckpt_path), schema)
                 self._refuse_finished(checkpoint, str(ckpt_path))
-            elif str(ckpt_path) == "last":
-                root = self.config[self.config.subcommand]["trainer"].get("default_root_dir")
-                last = Path(root or ".") / CHECKPOINT_DIR / "last.ckpt"
-                if last.is_file():
-                    self._refuse_finished(read_checkpoint(last), f"last ({last})")
             super()._parse_ckpt_path()
 
         def _refuse_finished(self, checkpoint: dict[str, Any], name: str) -> None:
@@ -341,8 +371,26 @@ def fit(argv: Sequence[str] | None = None) -> int:
                     f"known: {list(CALLBACKS.names())}",
                 )
             self._check_resume_fits_this_run()
+            self._continue_resumed_run_folder(config)
             named = [CALLBACKS.get(name)() for name in names]
-            return super()._instantiate_trainer(config, [*callbacks, *named])
+            return super()._instantiate_trainer(config, [*callbacks, *named, *_bar(config)])
+
+        def _continue_resumed_run_folder(self, config: dict[str, Any]) -> None:
+            """A run resumed from a checkpoint in its run folder logs on in that folder:
+            one TensorBoard run, one events.jsonl, checkpoints where they were. Only with
+            the default logger: one the user configured decides for itself."""
+            if self._resume_from is None or config.get("logger") not in (None, True):
+                return
+            run = run_folder_of(Path(self._resume_from[0]))
+            if run is None:
+                return
+            from lightning.pytorch.loggers import TensorBoardLogger
+
+            config["logger"] = TensorBoardLogger(
+                save_dir=run.save_dir, name=run.name, version=run.version
+            )
+            # The folder's config.yaml is replaced by this run's (same run, resumed).
+            self.save_config_kwargs = {**self.save_config_kwargs, "overwrite": True}
 
         def _check_resume_fits_this_run(self) -> None:
             """Refuse a checkpoint with another action space before the Trainer is built."""
@@ -470,9 +518,20 @@ def _say_done(result: Any) -> None:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
+    from esper.callbacks.checkpoint import find_last_checkpoint
     from esper.simic.evaluate import evaluate
 
     ckpt = Path(args.ckpt)
+    if args.ckpt == "last":
+        found = find_last_checkpoint(Path("."))
+        if found is None:
+            print(
+                "esper evaluate: error: --ckpt last: no run under this folder has a last.ckpt "
+                "(looked in */*/checkpoints and checkpoints); pass the .ckpt path",
+                file=sys.stderr,
+            )
+            return 2
+        ckpt = found
     out = Path(args.out) if args.out else ckpt.resolve().parent.parent / "evaluation"
     try:
         result = evaluate(
@@ -533,7 +592,12 @@ def build_parser() -> argparse.ArgumentParser:
         "evaluate",
         help="compare the learned policy with the heuristic, random and no-growth controllers",
     )
-    ev.add_argument("--ckpt", required=True, help="a checkpoint written by esper fit")
+    ev.add_argument(
+        "--ckpt",
+        required=True,
+        help="a checkpoint written by esper fit, or `last`: the newest run's last.ckpt "
+        "under the current folder",
+    )
     ev.add_argument("--episodes", type=int, default=DEFAULT_EVAL_EPISODES)
     ev.add_argument("--seed", type=int, default=0, help="evaluation seed (never used in training)")
     ev.add_argument("--device", default="cpu")

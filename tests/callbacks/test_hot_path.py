@@ -10,6 +10,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from esper.callbacks import GovernorCallback, TelemetryCallback
 from esper.callbacks.checkpoint import default_checkpoints
+from esper.callbacks.progress import UpdateProgressBar
 from esper.simic.module import PPOModule
 from tests.callbacks.counting import count_rollout_reads
 from tests.simic.envs import small_data
@@ -30,8 +31,12 @@ def test_rollouts_read_once_per_host_epoch_with_all_builtin_callbacks(
         max_epochs=2,
         default_root_dir=tmp_path,
         logger=TensorBoardLogger(tmp_path),
-        callbacks=[TelemetryCallback(profile="normal"), GovernorCallback(), *default_checkpoints()],
-        enable_progress_bar=False,
+        callbacks=[
+            TelemetryCallback(profile="normal"),
+            GovernorCallback(),
+            UpdateProgressBar(),
+            *default_checkpoints(),
+        ],
         enable_model_summary=False,
     )
     trainer.fit(module, datamodule=small_data())

@@ -23,7 +23,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("sys.argv", ["esper"])
         assert main(["fit", "--config", str(config), "--trainer.default_root_dir", str(root)]) == 0
-    return root / "checkpoints" / "last.ckpt"
+    return root / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
 
 
 @pytest.mark.slow

@@ -2,9 +2,12 @@
 
 :class:`EsperCheckpoint` writes every update's state to ``last.ckpt`` (so
 ``esper fit --ckpt_path last`` resumes) and :class:`BestPolicyCheckpoint` keeps the best
-policy so far, by ``train/episode_return``, beside it. Their folder is
-``<default_root_dir>/checkpoints`` rather than the logger's versioned folder, so a resumed
-run (which logs to a new version) still finds ``last.ckpt``.
+policy so far, by ``train/episode_return``, beside it. Their folder is the run's own,
+``<log_dir>/checkpoints`` (``lightning_logs/version_N/checkpoints``), as with Lightning's
+``ModelCheckpoint``; without a logger it is ``<default_root_dir>/checkpoints``.
+:func:`find_last_checkpoint` is what ``--ckpt_path last`` means: the newest ``last.ckpt``
+of any run under a root folder, and :func:`run_folder_of` names the run folder a
+checkpoint belongs to, so that a resumed run continues it.
 
 :class:`EsperCheckpointIO` reads and writes them. Writes go to a temporary file that is
 renamed over the target only once complete, so a kill during a save leaves the previous
@@ -18,6 +21,7 @@ import os
 import pickle
 import re
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -134,24 +138,76 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-class _FixedFolderCheckpoint(ModelCheckpoint):
-    """A ``ModelCheckpoint`` whose default folder is ``<default_root_dir>/checkpoints``."""
+class _RunFolderCheckpoint(ModelCheckpoint):
+    """A ``ModelCheckpoint`` in the run's folder whose ``last`` is the newest of any run.
+
+    Lightning resolves ``ckpt_path="last"`` before the logger has picked this run's
+    version, against a folder that does not exist yet; the ``last.ckpt`` a user means is
+    the newest one of the earlier runs beside it.
+    """
 
     def _fix_dirpath(self, trainer: Trainer) -> None:
         if self.dirpath is None:
-            self.dirpath = str(Path(trainer.default_root_dir) / CHECKPOINT_DIR)
+            self.dirpath = str(run_checkpoint_dir(trainer))
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._fix_dirpath(trainer)
         super().setup(trainer, pl_module, stage)
 
     def _find_last_checkpoints(self, trainer: Trainer) -> set[str]:
-        # ``ckpt_path="last"`` is resolved before ``setup``: fix the folder here too.
-        self._fix_dirpath(trainer)
-        return super()._find_last_checkpoints(trainer)
+        if self.dirpath is not None:
+            return super()._find_last_checkpoints(trainer)
+        found = find_last_checkpoint(Path(trainer.default_root_dir))
+        return set() if found is None else {str(found)}
 
 
-class EsperCheckpoint(_FixedFolderCheckpoint):
+def run_checkpoint_dir(trainer: Trainer) -> Path:
+    """``<log_dir>/checkpoints``: the run's own folder, or the root's without a logger."""
+    log_dir = trainer.log_dir if trainer.loggers else None
+    return Path(log_dir if log_dir is not None else trainer.default_root_dir) / CHECKPOINT_DIR
+
+
+#: Where runs under a root keep ``last.ckpt``: ``<root>/<logger name>/<version>/checkpoints``
+#: (a logger's run folder) and ``<root>/checkpoints`` (a run without a logger).
+_LAST_PATTERNS = (f"*/*/{CHECKPOINT_DIR}/last.ckpt", f"{CHECKPOINT_DIR}/last.ckpt")
+
+
+def find_last_checkpoint(root: Path) -> Path | None:
+    """The most recently written ``last.ckpt`` of the runs under ``root``, or None."""
+    found = [p for pattern in _LAST_PATTERNS for p in root.glob(pattern) if p.is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """A logger's run folder, ``<save_dir>/<name>/<version>``."""
+
+    save_dir: Path
+    name: str
+    version: str | int
+
+    @property
+    def path(self) -> Path:
+        version = self.version if isinstance(self.version, str) else f"version_{self.version}"
+        return self.save_dir / self.name / version
+
+
+def run_folder_of(checkpoint: Path) -> RunFolder | None:
+    """The run folder ``checkpoint`` was written in, when it lies in one's ``checkpoints``.
+
+    A run folder is one a logger made: it holds ``hparams.yaml``. A checkpoint copied
+    anywhere else belongs to no run, and resuming from it starts a new run folder.
+    """
+    folder = checkpoint.absolute().parent
+    run = folder.parent
+    if folder.name != CHECKPOINT_DIR or not (run / "hparams.yaml").is_file():
+        return None
+    number = re.fullmatch(r"version_(\d+)", run.name)
+    version: str | int = int(number.group(1)) if number else run.name
+    return RunFolder(save_dir=run.parent.parent, name=run.parent.name, version=version)
+
+
+class EsperCheckpoint(_RunFolderCheckpoint):
     """``last.ckpt`` after every PPO update, overwritten in place (atomically).
 
     Lightning's ``save_last`` only writes when a top-k file was written in the same step,
@@ -177,7 +233,7 @@ class EsperCheckpoint(_FixedFolderCheckpoint):
         )
 
 
-class BestPolicyCheckpoint(_FixedFolderCheckpoint):
+class BestPolicyCheckpoint(_RunFolderCheckpoint):
     """The best policy so far by ``monitor`` (default ``train/episode_return``, max)."""
 
     def __init__(
@@ -206,5 +262,10 @@ def newest_checkpoint(trainer: Trainer) -> Path | None:
 
 
 def default_checkpoints() -> list[ModelCheckpoint]:
-    """What ``esper fit`` installs: resume from ``last.ckpt``, keep the best policy."""
-    return [EsperCheckpoint(), BestPolicyCheckpoint()]
+    """What ``esper fit`` installs: keep the best policy, resume from ``last.ckpt``.
+
+    Best first: each checkpoint holds the callbacks' state as of its own save, so
+    ``last.ckpt`` written after the best one carries the best-so-far it has just decided,
+    and a resumed run does not take a worse policy for the best.
+    """
+    return [BestPolicyCheckpoint(), EsperCheckpoint()]

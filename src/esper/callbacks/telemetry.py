@@ -66,8 +66,10 @@ time of writing; non-finite floats are written as ``null``):
   ``params_added``, ``seeds_germinated``, ``seeds_fossilized``, ``seeds_pruned``,
   ``rollbacks``, ``discarded_transitions``.
 * ``resume``: written once when a run resumes from a checkpoint that carried this
-  callback's state; ``events_written`` is the count at that checkpoint, so a reader can
-  drop the lines of rollouts that the resumed run repeats (``rollout >=`` this line's).
+  callback's state; ``events_written`` is the count at that checkpoint. Resumed in its
+  own run folder, the run first drops from the file the records of the rollouts it is
+  about to repeat (``rollout >=`` this line's, from the update under way when it
+  stopped); ``dropped_unfinished`` says how many, so each rollout appears once.
 """
 
 from __future__ import annotations
@@ -230,16 +232,47 @@ class TelemetryCallback(EsperCallback):
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Runs after a checkpoint's callback state was restored (load_state_dict).
         if self._enabled and self._resumed_from is not None:
+            dropped = self._drop_unfinished_rollouts()
             self._write(
                 {
                     "kind": "resume",
                     "rollout": self.rollouts_seen,
                     "host_epoch": 0,
                     "events_written": self._resumed_from,
+                    "dropped_unfinished": dropped,
                 }
             )
             self._resumed_from = None
             self._flush()
+
+    def _drop_unfinished_rollouts(self) -> int:
+        """Remove from the events file what rollouts the checkpoint does not hold wrote.
+
+        A run resumed in its own folder appends to the events.jsonl it wrote before; the
+        records of the update that was under way when it stopped (rollout index
+        ``rollouts_seen`` on) describe a rollout the resumed run does again. They are
+        dropped, so each rollout appears once; the ``resume`` record says how many.
+        """
+        assert self.events_path is not None, "setup() resolves the path on rank 0"
+        if not self.events_path.is_file():
+            return 0
+        kept, dropped = [], 0
+        with self.events_path.open(encoding="utf-8") as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:  # a line cut short by the crash
+                    dropped += 1
+                    continue
+                if record.get("rollout", -1) >= self.rollouts_seen:
+                    dropped += 1
+                else:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+        if dropped:
+            tmp = self.events_path.with_name(self.events_path.name + ".tmp")
+            tmp.write_text("".join(kept), encoding="utf-8")
+            os.replace(tmp, self.events_path)
+        return dropped
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._flush()
