@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from esper.contracts.ops import BlendMode, LifecycleOp
 
 HEAD_NAMES: tuple[str, ...] = ("op", "slot", "blueprint", "blend")
+#: How many action heads (one int per head in an action row).
+N_HEADS = len(HEAD_NAMES)
 
 _HEADS_BY_OP: dict[LifecycleOp, tuple[str, ...]] = {
     LifecycleOp.WAIT: ("op",),

@@ -45,9 +45,14 @@ CLOCK_STAGES: frozenset[SeedStage] = frozenset(
     {SeedStage.GERMINATED, SeedStage.TRAINING, SeedStage.BLENDING}
 )
 
-#: Stages whose seed's counterfactual contribution is measured (its output reaches the
-#: host): only these seeds can be judged, so only these are offered to PRUNE.
-JUDGEABLE_STAGES: frozenset[SeedStage] = frozenset({SeedStage.BLENDING, SeedStage.HOLDING})
+#: Stages whose seed's output reaches the host (blended in, or held at full weight): the
+#: fused validation measures each one's counterfactual contribution, and the contribution
+#: reward pays for it. In stage order.
+CONTRIBUTING_STAGES: tuple[SeedStage, ...] = (SeedStage.BLENDING, SeedStage.HOLDING)
+
+#: Stages whose seed can be judged (its contribution is measured): only these seeds are
+#: offered to PRUNE.
+JUDGEABLE_STAGES: frozenset[SeedStage] = frozenset(CONTRIBUTING_STAGES)
 
 #: The cool-down after a prune; each step is taken by the clock, not by the policy.
 COOLDOWN_PATH: tuple[SeedStage, ...] = (

@@ -14,12 +14,12 @@ import torch
 from torch import Tensor
 
 from esper.contracts import ActionSchema
+from esper.contracts.actions import N_HEADS
 from esper.simic.gae import compute_gae
 from esper.simic.ppo import PPOBatch
 from esper.tamiyo.action_masks import ActionMasks
 
 LSTMState = tuple[Tensor, Tensor]
-N_HEADS = 4
 
 
 class RolloutBuffer:

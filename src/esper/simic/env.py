@@ -19,7 +19,7 @@ from torch import Tensor
 
 from esper.contracts import ActionSchema, BlendMode, LifecycleOp, ObservationLayout, SeedStage
 from esper.contracts.rollout import LifecycleEvent
-from esper.contracts.stages import CLOCK_STAGES, COOLDOWN_PATH
+from esper.contracts.stages import CLOCK_STAGES, CONTRIBUTING_STAGES, COOLDOWN_PATH
 from esper.kasmina import (
     BLUEPRINTS,
     HOSTS,
@@ -39,9 +39,6 @@ from esper.tolaria.epoch import AMP_DTYPES, OOM_POLICIES, EpochResult, run_epoch
 
 #: Seed-initialisation generator keys are taken modulo this (torch seeds are 64-bit).
 SEED_KEY_MODULUS = 2**63
-
-#: Stages whose seed's counterfactual contribution earns reward.
-CONTRIBUTING_STAGES: tuple[SeedStage, ...] = (SeedStage.BLENDING, SeedStage.HOLDING)
 
 
 @dataclass(frozen=True)

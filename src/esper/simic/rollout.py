@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from esper.contracts.actions import N_HEADS
 from esper.contracts.rollout import LifecycleEvent, RolloutSummary, StepBatch
 from esper.simic.buffer import RolloutBuffer
 from esper.simic.env import MorphogeneticVecEnv, StepOutcome
@@ -36,7 +37,6 @@ from esper.tolaria.epoch import EpochResult
 from esper.tolaria.snapshot import HostSnapshot
 
 StepHook = Callable[[StepBatch], None]
-N_HEADS = 4
 
 
 class Controller(Protocol):

@@ -123,3 +123,15 @@ class ActionMasks:
             blueprint=ones(n_slots, n_blueprints),
             blend=ones(n_blends),
         )
+
+
+def select_row(table: Tensor, index: Tensor) -> Tensor:
+    """Row ``index`` of a conditional head's table: ``[*B, R, K]`` and ``[*B]`` long ->
+    ``[*B, K]``, on the device (a gather, no host read).
+
+    The slot and blueprint heads are conditioned on the head before them: their masks and
+    logits are tables with one row per choice of the parent head, and this picks the row
+    the parent's choice selects.
+    """
+    idx = index[..., None, None].expand(*index.shape, 1, table.shape[-1])
+    return table.gather(-2, idx).squeeze(-2)

@@ -10,17 +10,12 @@ import torch
 from torch import Tensor, nn
 
 from esper.contracts import LifecycleOp
-from esper.tamiyo.action_masks import ActionMasks
+from esper.tamiyo.action_masks import ActionMasks, select_row
 from esper.tamiyo.distributions import MaskedCategorical
 from esper.tamiyo.policy import ActResult, LSTMState
 
 #: Baselines keep no memory; the rollout buffer still stores a state of this shape.
 STATE_SHAPE = (1, 1)
-
-
-def _select_row(table: Tensor, index: Tensor) -> Tensor:
-    idx = index[..., None, None].expand(*index.shape, 1, table.shape[-1])
-    return table.gather(-2, idx).squeeze(-2)
 
 
 class _Stateless(nn.Module):
@@ -55,8 +50,8 @@ class RandomLegalController(_Stateless):
             )
 
         op = draw(masks.op)
-        slot = draw(_select_row(masks.slot, op))
-        blueprint = draw(_select_row(masks.blueprint, slot))
+        slot = draw(select_row(masks.slot, op))
+        blueprint = draw(select_row(masks.blueprint, slot))
         blend = draw(masks.blend)
         return self._result(torch.stack((op, slot, blueprint, blend), dim=-1), hidden)
 

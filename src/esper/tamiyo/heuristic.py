@@ -51,7 +51,7 @@ from torch import Tensor, nn
 
 from esper.contracts import ActionSchema, BlendMode, LifecycleOp, ObservationLayout, SeedStage
 from esper.contracts.checks import is_finite_real
-from esper.tamiyo.action_masks import ActionMasks
+from esper.tamiyo.action_masks import ActionMasks, select_row
 from esper.tamiyo.policy import ActResult, LSTMState
 
 #: ``(layers, hidden)`` of the placeholder recurrent state: the rollout buffer stores an
@@ -163,12 +163,6 @@ def _first_true(mask: Tensor, scores: Tensor) -> Tensor:
     """
     usable = mask | ~mask.any(-1, keepdim=True)
     return torch.where(usable, scores, -1).argmax(-1)
-
-
-def _select_row(table: Tensor, index: Tensor) -> Tensor:
-    """Row ``index`` of ``table``: ``[E, R, K]`` and ``[E]`` long → ``[E, K]``."""
-    idx = index[:, None, None].expand(-1, 1, table.shape[-1])
-    return table.gather(1, idx).squeeze(1)
 
 
 def _preference_scores(order: list[int]) -> Tensor:
@@ -350,7 +344,7 @@ class HeuristicController(nn.Module):
             op = torch.where(fires, int(rule_op), op)
             slot = torch.where(fires, _first_true(candidates, self._slot_scores), slot)
 
-        blueprint = _first_true(_select_row(masks.blueprint, slot), self._blueprint_scores)
+        blueprint = _first_true(select_row(masks.blueprint, slot), self._blueprint_scores)
         blend = _first_true(masks.blend, self._blend_scores)
         actions = torch.stack((op, slot, blueprint, blend), dim=-1)
         zeros = obs.new_zeros(n_envs)

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from esper.contracts import ActionSchema, LifecycleOp
 from esper.contracts.checks import is_finite_real
-from esper.tamiyo.action_masks import ActionMasks
+from esper.tamiyo.action_masks import ActionMasks, select_row
 from esper.tamiyo.distributions import MaskedCategorical
 
 #: ``(h, c)``, each ``[lstm_layers, E, hidden_size]``.
@@ -96,12 +96,6 @@ def _layer_init(layer: nn.Linear, gain: float) -> nn.Linear:
     nn.init.orthogonal_(layer.weight, gain)
     nn.init.zeros_(layer.bias)
     return layer
-
-
-def _select_row(table: Tensor, index: Tensor) -> Tensor:
-    """Row ``index`` of ``table``: ``[*B, R, K]`` and ``[*B]`` long → ``[*B, K]``, on the device."""
-    idx = index[..., None, None].expand(*index.shape, 1, table.shape[-1])
-    return table.gather(-2, idx).squeeze(-2)
 
 
 def _reset_hidden(hidden: LSTMState, episode_starts: Tensor) -> LSTMState:
@@ -251,14 +245,14 @@ class PolicyNetwork(nn.Module):
         op = choose(op_dist, OP)
 
         slot_logits = self.slot_head(features).unflatten(-1, (self.n_ops, self.n_slots))
-        slot_dist = MaskedCategorical(_select_row(slot_logits, op), _select_row(masks.slot, op))
+        slot_dist = MaskedCategorical(select_row(slot_logits, op), select_row(masks.slot, op))
         slot = choose(slot_dist, SLOT)
 
         blueprint_logits = self.blueprint_head(features).unflatten(
             -1, (self.n_slots, self.n_blueprints)
         )
         blueprint_dist = MaskedCategorical(
-            _select_row(blueprint_logits, slot), _select_row(masks.blueprint, slot)
+            select_row(blueprint_logits, slot), select_row(masks.blueprint, slot)
         )
         blueprint = choose(blueprint_dist, BLUEPRINT)
 

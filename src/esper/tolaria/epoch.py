@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-from esper.contracts import SeedStage
+from esper.contracts.stages import CONTRIBUTING_STAGES
 from esper.kasmina.growing_host import GrowingHost
 from esper.kasmina.hosts.base import HostModel
 from esper.kasmina.incubation import incubating_slots, incubation_loss
@@ -34,10 +34,6 @@ OOM_POLICIES: tuple[str, ...] = ("raise", "skip_env_epoch")
 
 class HostOutOfMemoryError(RuntimeError):
     """An env's host ran out of device memory and the policy was to stop."""
-
-
-#: Stages whose seed changes the slot's output and can be switched off for a counterfactual.
-COUNTERFACTUAL_STAGES: frozenset[SeedStage] = frozenset({SeedStage.BLENDING, SeedStage.HOLDING})
 
 
 @dataclass(frozen=True)
@@ -384,7 +380,7 @@ class _CounterfactualPlan:
 
     def __init__(self, env: GrowingHost, device: torch.device) -> None:
         slots = list(env.model.iter_slots())
-        blending = [s for s in slots if s.has_seed and s.stage in COUNTERFACTUAL_STAGES]
+        blending = [s for s in slots if s.has_seed and s.stage in CONTRIBUTING_STAGES]
         self.replicas = 1 + len(blending)
         self._slots = blending
         replica_of = {id(s): k + 1 for k, s in enumerate(blending)}
