@@ -213,6 +213,37 @@ def test_fit_on_a_terminal_shows_a_bar_over_each_updates_host_epochs(
     assert not any(line.startswith("update ") and "steps/s" in line for line in frames)
 
 
+def test_fit_writes_its_checkpoints_through_the_esper_checkpoint_io_plugin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from esper.callbacks.checkpoint import EsperCheckpointIO
+
+    saved: list[str] = []
+    original = EsperCheckpointIO.save_checkpoint
+
+    def counting(self: EsperCheckpointIO, checkpoint: dict, path: object, **kwargs: object) -> None:
+        saved.append(Path(str(path)).name)
+        original(self, checkpoint, path, **kwargs)
+
+    monkeypatch.setattr(EsperCheckpointIO, "save_checkpoint", counting)
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY_CONFIG)
+    assert main(["fit", "--config", str(config), "--trainer.default_root_dir", str(tmp_path)]) == 0
+    assert saved.count("last.ckpt") == 2, saved  # one per update, through the plugin
+
+
+def test_a_checkpoint_io_the_run_brings_is_kept() -> None:
+    from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+    from esper.callbacks.checkpoint import EsperCheckpointIO
+    from esper.cli import _with_checkpoint_io
+
+    own = TorchCheckpointIO()
+    assert _with_checkpoint_io([own]) == [own]
+    (added,) = _with_checkpoint_io(None)
+    assert isinstance(added, EsperCheckpointIO)
+
+
 def test_plugins_lists_every_registry(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plugins"]) == 0
     out = capsys.readouterr().out

@@ -243,6 +243,19 @@ def _bar(trainer_config: dict[str, Any]) -> list[Any]:
     return [UpdateProgressBar()]
 
 
+def _with_checkpoint_io(plugins: Any) -> list[Any]:
+    """The run's Trainer plugins, with :class:`EsperCheckpointIO` (atomic writes, safe
+    loads, errors that name the file) unless the run brings a CheckpointIO of its own."""
+    from lightning.fabric.plugins import CheckpointIO
+
+    from esper.callbacks.checkpoint import EsperCheckpointIO
+
+    given = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
+    if any(isinstance(plugin, CheckpointIO) for plugin in given):
+        return given
+    return [*given, EsperCheckpointIO()]
+
+
 def _import_class(path: str) -> type:
     module, _, name = path.rpartition(".")
     return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
@@ -373,6 +386,7 @@ def fit(argv: Sequence[str] | None = None) -> int:
             self._check_resume_fits_this_run()
             self._continue_resumed_run_folder(config)
             named = [CALLBACKS.get(name)() for name in names]
+            config["plugins"] = _with_checkpoint_io(config.get("plugins"))
             return super()._instantiate_trainer(config, [*callbacks, *named, *_bar(config)])
 
         def _continue_resumed_run_folder(self, config: dict[str, Any]) -> None:

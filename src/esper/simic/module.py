@@ -19,10 +19,9 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 from lightning.pytorch import LightningModule
-from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from esper.callbacks.base import EsperCallback
-from esper.callbacks.checkpoint import CheckpointError, EsperCheckpointIO, newest_checkpoint
+from esper.callbacks.checkpoint import CheckpointError, newest_checkpoint
 from esper.contracts import ActionSchema, BlendMode
 from esper.contracts.rollout import RolloutSummary, StepBatch
 from esper.kasmina import LifecycleConfig, OptimConfig
@@ -266,9 +265,6 @@ class PPOModule(LightningModule):
             )
         validate_run(self, datamodule, self.trainer.world_size)
         strategy = self.trainer.strategy
-        if type(strategy.checkpoint_io) is TorchCheckpointIO:
-            # Same format, but atomic writes and load errors that name the file.
-            strategy.checkpoint_io = EsperCheckpointIO()
         device = strategy.root_device
         world, rank = self.trainer.world_size, self.trainer.global_rank
         env_config = replace(
