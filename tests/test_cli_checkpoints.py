@@ -127,9 +127,7 @@ def test_resuming_from_a_copied_last_ckpt_by_path_ends_bit_identical(tmp_path: P
 
 
 @pytest.mark.slow
-def test_a_best_checkpoint_resumes_by_path_in_its_run_folder(
-    trained: Path, tmp_path: Path
-) -> None:
+def test_a_best_checkpoint_resumes_by_path_in_its_run_folder(trained: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(trained.parents[2], run)  # resuming writes into the run it resumes
     best = next((run / RUN0 / "checkpoints").glob("best-*.ckpt"))
