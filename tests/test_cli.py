@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import re
 import sys
 from pathlib import Path
 
@@ -10,7 +13,18 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from esper.cli import main
+from esper.kasmina import LifecycleConfig, OptimConfig
+from esper.simic.module import PPOModule
+from esper.simic.normalizer import NormalizerConfig
 from esper.simic.ppo import PPOConfig
+from esper.simic.rewards import RewardConfig
+from esper.tamiyo.policy import PolicyConfig
+from esper.tolaria.data import (
+    Cifar10DataModule,
+    DigitsDataModule,
+    SyntheticImageDataModule,
+    TokenSequenceDataModule,
+)
 
 #: The scalars a user watching TensorBoard is promised.
 PROMISED_SCALARS = (
@@ -180,6 +194,89 @@ def test_fit_help_offers_no_options_that_cannot_work(capsys: pytest.CaptureFixtu
     shown = capsys.readouterr().out
     assert "--model.ppo" in shown
     assert "--optimizer" not in shown and "--lr_scheduler" not in shown
+
+
+def _help_of(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exited:
+        main(["fit", *args])
+    assert exited.value.code == 0
+    return capsys.readouterr().out
+
+
+def _descriptions(shown: str, prefix: str) -> dict[str, str]:
+    """Each option ``PREFIX NAME`` in the help text -> its description: the help text
+    before jsonargparse's ``(type: ...)``, on the option's line or the lines below it."""
+    found: dict[str, str] = {}
+    for entry in re.split(r"\n(?=  -)", shown):
+        first, _, rest = entry.split("\n\n")[0].partition("\n")
+        name = re.match(rf"\s*{re.escape(prefix)}(\w+)(?=[\s,]|$)", first)
+        if name is None:
+            continue
+        beside = re.split(r"\s{2,}", first.strip(), maxsplit=1)[1:]
+        text = " ".join(" ".join([*beside, rest]).split())
+        found[name.group(1)] = re.split(r"\((?:required, )?type:", text)[0].strip()
+    return found
+
+
+#: ``--model.<key>``: the config dataclass behind each of PPOModule's nested configs.
+MODEL_CONFIGS = {
+    "lifecycle": LifecycleConfig,
+    "host_optim": OptimConfig,
+    "rewards": RewardConfig,
+    "policy": PolicyConfig,
+    "ppo": PPOConfig,
+    "normalizer": NormalizerConfig,
+}
+
+
+@pytest.mark.parametrize(("key", "config"), MODEL_CONFIGS.items(), ids=list(MODEL_CONFIGS))
+def test_every_config_field_has_a_description_in_its_help(
+    key: str, config: type, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shown = _help_of([f"--model.{key}.help"], capsys)
+    described = _descriptions(shown, f"--model.{key}.")
+    for field in dataclasses.fields(config):
+        assert described.get(field.name), f"--model.{key}.{field.name} has no description"
+
+
+def _init_params(cls: type) -> list[str]:
+    params = inspect.signature(cls.__init__).parameters
+    return [name for name in params if name != "self"]
+
+
+def test_every_model_option_has_a_description(capsys: pytest.CaptureFixture[str]) -> None:
+    described = _descriptions(_help_of(["--help"], capsys), "--model.")
+    for name in _init_params(PPOModule):
+        assert described.get(name), f"--model.{name} has no description"
+
+
+@pytest.mark.parametrize(
+    "datamodule",
+    [DigitsDataModule, SyntheticImageDataModule, TokenSequenceDataModule, Cifar10DataModule],
+    ids=lambda cls: cls.__name__,
+)
+def test_every_data_option_has_a_description(
+    datamodule: type, capsys: pytest.CaptureFixture[str]
+) -> None:
+    described = _descriptions(_help_of(["--data.help", datamodule.__name__], capsys), "--data.")
+    for name in _init_params(datamodule):
+        assert described.get(name), f"--data.{name} of {datamodule.__name__} has no description"
+
+
+def test_fit_help_shows_esper_options_before_the_trainer(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    shown = _help_of(["--help"], capsys)
+    # A group is its title (a line of its own ending in ":") and the options below it.
+    groups = re.findall(r"^(\S[^\n]*:)\n((?:  [^\n]*\n?)*)", shown, flags=re.MULTILINE)
+    titles = [title for title, _ in groups if not title.startswith("usage:")]
+
+    def group_of(option: str) -> str:
+        return next(t for t, body in groups if re.search(rf"^  {re.escape(option)}\b", body, re.M))
+
+    esper = [group_of("--callbacks"), group_of("--model.n_envs"), group_of("--data")]
+    assert titles[: len(esper)] == esper, titles
+    assert titles.index(group_of("--trainer.max_epochs")) > titles.index(esper[-1]), titles
 
 
 def test_fit_prints_one_plain_line_per_update_when_stdout_is_not_a_terminal(

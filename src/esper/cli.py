@@ -269,6 +269,21 @@ def _init_defaults(cls: type) -> dict[str, Any]:
     }
 
 
+def _trainer_group_after_esper_groups(parser: Any) -> None:
+    """Show Esper's option groups (model, data) in ``--help`` before Lightning's long
+    Trainer group, which LightningCLI adds first.
+
+    Only the help changes: argparse prints groups in ``_action_groups`` order, while
+    parsing, defaults and the saved config follow the parser's actions, and the Trainer
+    group is not one the parser instantiates. Left as it is if the group is not there.
+    """
+    trainer = parser.groups.get("trainer")
+    groups = parser._action_groups
+    if trainer is not None and trainer in groups:
+        groups.remove(trainer)
+        groups.append(trainer)
+
+
 def fit(argv: Sequence[str] | None = None) -> int:
     """Run ``LightningCLI`` on :class:`PPOModule` and a :class:`HostDataModule`.
 
@@ -313,6 +328,7 @@ def fit(argv: Sequence[str] | None = None) -> int:
                     "use --trainer.callbacks for ones that need arguments"
                 ),
             )
+            _trainer_group_after_esper_groups(parser)
 
         def before_instantiate_classes(self) -> None:
             data = self._get(self.config, "data")

@@ -23,7 +23,21 @@ from esper.kasmina.blending import blend_alpha
 
 @dataclass(frozen=True)
 class LifecycleConfig:
-    """How long each stage lasts at least, and what a seed must show to be kept."""
+    """How long each stage lasts at least, and what a seed must show to be kept.
+
+    Attributes:
+        min_training_epochs: epochs a seed trains on its own (alpha 0) before the clock
+            moves it to BLENDING; a seed stuck in TRAINING past them may be pruned.
+        blend_epochs: epochs of BLENDING, over which the seed's alpha ramps up to 1
+            before it moves to HOLDING.
+        min_holding_epochs: epochs a seed must hold (alpha 1) before the policy may
+            fossilize it.
+        min_contribution: a seed fossilizes only if its counterfactual contribution (val
+            acc with the seed minus without it) is above this.
+        embargo_epochs: epochs a pruned slot stays EMBARGOED before it starts resetting.
+        reset_epochs: epochs spent RESETTING before the slot is DORMANT again and can take
+            a new seed.
+    """
 
     min_training_epochs: int = 2
     blend_epochs: int = 3

@@ -22,6 +22,19 @@ class OptimConfig:
 
     Seeds get their own optimizer so that a seed's updates (and its learning rate) never
     touch the host's momentum buffers until it is fossilized.
+
+    Attributes:
+        host_lr: base SGD learning rate of the host's parameters, fossilized seeds
+            included; the schedule scales it over each episode.
+        seed_lr: base SGD learning rate of each live seed's own optimizer, until the seed
+            is fossilized.
+        momentum: SGD momentum of the host and seed optimizers, in [0, 1).
+        weight_decay: SGD weight decay of the host and seed optimizers.
+        lr_schedule: `cosine` decays both learning rates over each episode to
+            final_lr_fraction of their base, so final accuracy is steadier; `constant`
+            keeps them.
+        final_lr_fraction: fraction of the base learning rates left at the end of a
+            `cosine` episode.
     """
 
     host_lr: float = 0.05

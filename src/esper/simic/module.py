@@ -186,6 +186,18 @@ class PPOModule(LightningModule):
             :data:`DEFAULT_HOST_KWARGS` for that host (a small CNN that growth can add to).
         blueprints: the blueprints the policy may plant; default all that fit.
         reward: registered reward family (``shaped``, ``sparse`` or a plugin).
+        lifecycle: how long each seed stage lasts and what a seed must show to be kept
+            (LifecycleConfig); null takes its defaults, `--model.lifecycle.help` lists them.
+        host_optim: SGD settings and learning-rate schedule of the hosts and their seeds
+            (OptimConfig); null takes its defaults, `--model.host_optim.help` lists them.
+        rewards: weights of the reward terms and the seed parameter budget
+            (RewardConfig); null takes its defaults, `--model.rewards.help` lists them.
+        policy: size and initialisation of the policy network (PolicyConfig); null takes
+            its defaults, `--model.policy.help` lists them.
+        ppo: PPO hyper-parameters (PPOConfig); null takes its defaults,
+            `--model.ppo.help` lists them.
+        normalizer: how observations are standardised (NormalizerConfig); null takes its
+            defaults, `--model.normalizer.help` lists them.
         ent_coef_final: entropy coefficient reached linearly by the last update;
             None keeps ``ppo.ent_coef`` throughout.
         on_oom: an env out of device memory: ``raise`` ends the run after the last

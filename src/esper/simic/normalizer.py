@@ -27,7 +27,14 @@ STATS_DTYPE = torch.float64
 
 @dataclass(frozen=True)
 class NormalizerConfig:
-    """How observations are standardised."""
+    """How observations are standardised.
+
+    Attributes:
+        eps: added to the variance under the square root, so a constant feature maps to
+            0, not NaN.
+        clip: normalised values are clipped to [-clip, clip], bounding what an outlier
+            feeds the policy.
+    """
 
     #: Added to the variance under the square root, so a constant feature maps to 0, not NaN.
     eps: float = 1e-8

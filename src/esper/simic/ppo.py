@@ -62,6 +62,36 @@ class PPOConfig:
     number of envs. ``value_clip_coef=None`` disables value clipping; ``target_kl=None``
     disables early stopping (and with it the update's only host reads). ``gamma`` and
     ``gae_lambda`` are read by GAE, kept here so one config describes the algorithm.
+
+    Attributes:
+        lr: Adam learning rate of the policy; lower it if ppo/approx_kl runs high, raise it
+            if the policy barely moves (the start of the schedule when anneal_lr is on).
+        clip_coef: PPO clip range: the probability ratio is clipped to 1 +/- clip_coef;
+            smaller makes each update more conservative (ppo/clip_fraction counts clips).
+        value_clip_coef: how far a value prediction may move from the rollout's value
+            before its loss is clipped; null disables value clipping.
+        vf_coef: weight of the value loss against the policy loss in the one shared loss.
+        ent_coef: weight of the entropy bonus; raise it to keep the policy exploring
+            (model.ent_coef_final anneals it over the run).
+        update_epochs: passes over each rollout per PPO update; more passes move the
+            policy further per rollout (watch ppo/approx_kl).
+        n_minibatches: minibatches per pass, each a set of whole env sequences; at most
+            the envs per rank, and update_epochs * n_minibatches optimiser steps per update.
+        max_grad_norm: the policy's gradient norm is clipped to this before each step.
+        target_kl: stop an update's passes early once a pass's mean approx KL exceeds
+            this; null never stops early and makes no host read.
+        normalize_advantages: standardise the advantages of each minibatch (mean 0,
+            std 1) before the clipped surrogate loss.
+        gamma: discount of future rewards in GAE; lower values weigh near rewards more.
+        gae_lambda: GAE trace decay in [0, 1]: 0 gives one-step TD errors (less variance,
+            more bias), 1 Monte Carlo returns.
+        anneal_lr: let lr fall linearly to 0 by the run's last update
+            (trainer.max_epochs); false keeps lr fixed.
+        paired_envs: start every env of a rollout from the same host and data, and take
+            each env's advantage relative to the others' (needs 2+ envs per rank).
+        adam_eps: epsilon of the policy's Adam optimiser (CleanRL uses 1e-5).
+        advantage_norm_eps: added to the advantages' std when normalising them, so
+            equal advantages do not divide by zero.
     """
 
     lr: float = 1e-3

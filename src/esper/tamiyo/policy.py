@@ -42,6 +42,18 @@ class PolicyConfig:
 
     The gains follow CleanRL: ``sqrt(2)`` for hidden layers, a small gain for the policy
     heads so the first policy is close to uniform over the legal choices, 1 for the value.
+
+    Attributes:
+        hidden_size: width of the encoder layers and of the LSTM state; larger gives the
+            policy more capacity at more cost per step.
+        lstm_layers: stacked LSTM cells the policy steps through once per decision.
+        encoder_layers: Linear + Tanh layers between the observation and the LSTM.
+        hidden_init_gain: gain of the orthogonal initialisation of the encoder layers.
+        policy_head_init_gain: gain of the orthogonal initialisation of the action heads;
+            small, so the first policy is close to uniform over the legal choices.
+        value_head_init_gain: gain of the orthogonal initialisation of the value head.
+        prune_logit_init: initial bias of the PRUNE op's logit: 0 starts uniform, below 0
+            makes pruning rarer at first so seeds live long enough to be judged.
     """
 
     hidden_size: int = 128

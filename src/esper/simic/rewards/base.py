@@ -142,6 +142,26 @@ class RewardConfig:
     lean on its seed), not for what the final host kept, and a controller that lost
     accuracy out-earned no growth with them (digits, 8 paired episodes: the heuristic
     ended 2 to 5 points lower with a higher return).
+
+    Attributes:
+        acc_delta_weight: weight of each step's change in validation accuracy (shaped
+            family); over an episode it adds up to final minus initial accuracy.
+        contribution_weight: weight of the summed counterfactual contribution of blending
+            and holding seeds (shaped family); a shaping term, best left at 0.
+        param_budget: seed parameters an env may hold: GERMINATE is offered only for
+            blueprints that fit under it, and the rent reaches param_penalty_weight there.
+        param_penalty_weight: parameter rent for seeds as large as param_budget, per step
+            (shaped) or once at the end (sparse); keep it small so it only breaks ties.
+        illegal_op_penalty: charged when an op was one the mask should have forbidden,
+            or it failed.
+        wasted_op_penalty: charged for a legal op that did nothing, such as a refused
+            FOSSILIZE (shaped family).
+        fossilize_bonus: paid when a seed fossilizes (shaped family); the accuracy terms
+            already pay for what it adds, so best left at 0.
+        terminal_weight: weight of the final validation accuracy, paid on the episode's
+            last step.
+        rollback_penalty: charged when the governor rolls an env back, so the policy
+            learns to avoid panics.
     """
 
     #: Weight of the step's change in validation accuracy (telescopes to final - initial).

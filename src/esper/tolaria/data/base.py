@@ -79,6 +79,25 @@ class _RolloutTicks(Dataset[int]):
 
 
 class HostDataModule(LightningDataModule, ABC):
+    """Base for the data a host network trains on.
+
+    Subclasses only build two ``TensorDataset``s; the loaders, the seeding and the
+    batch-size check live here so every data source behaves the same for the trainer.
+    Batches are ``(x, y)``: classification gives float32 ``x`` and int64 ``y [B]``;
+    language modelling gives int64 ``x [B, T]`` and ``y [B, T]`` with ``y`` the
+    next-token targets of ``x``.
+
+    Args:
+        batch_size: host training batch; each batch is split into one share per env of
+            the rank, so it must be at least the envs per rank and fit in the train split.
+        val_batch_size: samples per batch of the host validation pass; changes memory
+            use and speed, not the figures (every validation sample counts).
+        num_workers: DataLoader worker processes for the host loaders; 0 loads in the
+            main process.
+        seed: seed of the host train loader's shuffle order (offset per DDP rank); the
+            samples themselves do not depend on it.
+    """
+
     #: The keyword arguments the module was built with (filled in by ``__init_subclass__``),
     #: so a checkpoint can say which data it was trained on and evaluation can rebuild it.
     init_args: dict[str, Any]
@@ -99,15 +118,6 @@ class HostDataModule(LightningDataModule, ABC):
             init(self, *args, **kw)
 
         cls.__init__ = recording_init  # type: ignore[method-assign]
-
-    """Base for the data a host network trains on.
-
-    Subclasses only build two ``TensorDataset``s; the loaders, the seeding and the
-    batch-size check live here so every data source behaves the same for the trainer.
-    Batches are ``(x, y)``: classification gives float32 ``x`` and int64 ``y [B]``;
-    language modelling gives int64 ``x [B, T]`` and ``y [B, T]`` with ``y`` the
-    next-token targets of ``x``.
-    """
 
     def __init__(
         self,

@@ -97,6 +97,14 @@ class Cifar10DataModule(HostDataModule):
     ``limit_train`` / ``limit_val`` keep only the first N images of each split (the
     release batches are already shuffled, so a prefix is close to class-balanced);
     batch files past the limit are not even read, which makes smoke runs fast.
+
+    Args:
+        root: the extracted cifar-10-batches-py folder, or the folder that holds it
+            (download the python release once; nothing is downloaded for you).
+        limit_train: keep only the first N training images, for fast smoke runs; null
+            uses all 50 000.
+        limit_val: keep only the first N validation images (of test_batch); null uses
+            all 10 000.
     """
 
     def __init__(

@@ -36,6 +36,12 @@ class DigitsDataModule(HostDataModule):
 
     The split has its own ``split_seed`` so runs that vary ``seed`` (the shuffle
     order) are still scored on the very same validation images.
+
+    Args:
+        val_fraction: fraction of each class held out for validation, strictly between 0
+            and 1.
+        split_seed: seed of the train/validation split; keep it fixed to compare runs on
+            the same validation images.
     """
 
     def __init__(

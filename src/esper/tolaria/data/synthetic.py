@@ -42,6 +42,18 @@ class SyntheticImageDataModule(HostDataModule):
     within one sample and hold every class (hence ``n_train, n_val >= n_classes``).
     The data come from ``data_seed`` alone, separate from the loader's shuffle ``seed``,
     so runs that vary the shuffle still see the very same samples.
+
+    Args:
+        input_shape: shape of one sample, such as [1, 8, 8] (channels, height, width) or
+            [features]; the host is built for it.
+        n_classes: number of classes (at least 2), each with its own random prototype.
+        n_train: training samples; at least n_classes.
+        n_val: validation samples; at least n_classes.
+        noise_std: standard deviation of the noise added to the prototype; raise it for
+            a harder task.
+        class_separation: scale of the class prototypes; lower it to bring the classes
+            closer (a harder task).
+        data_seed: seed of the prototypes and samples, separate from the shuffle seed.
     """
 
     def __init__(

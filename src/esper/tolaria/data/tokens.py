@@ -56,6 +56,23 @@ class TokenSequenceDataModule(HostDataModule):
     validation, and each part is cut into windows of ``seq_len + 1`` characters with
     stride ``seq_len``, so every next-character pair is used exactly once. Options that
     belong to the other mode are refused rather than silently ignored.
+
+    Args:
+        seq_len: tokens per sequence, the host's input length.
+        vocab_size: synthetic mode: tokens in the chain (null: the built-in default);
+            with text_path the text sets it, so leave it unset.
+        n_train: synthetic mode: training sequences (null: the built-in default); leave
+            unset with text_path.
+        n_val: synthetic mode: validation sequences (null: the built-in default); leave
+            unset with text_path.
+        branching: synthetic mode: possible successors of each token, at most vocab_size
+            (null: the built-in default); fewer makes the chain easier to predict.
+        data_seed: synthetic mode: seed of the chain and its sequences, separate from the
+            shuffle seed.
+        text_path: a UTF-8 text file to model character by character instead of the
+            synthetic chain.
+        val_fraction: text mode: the last fraction of the text held out for validation
+            (null: the built-in default); refused without text_path.
     """
 
     def __init__(
