@@ -127,7 +127,8 @@ def telemetry_costs(args: argparse.Namespace, device: torch.device) -> None:
     import lightning as L
     from lightning.pytorch.loggers import TensorBoardLogger
 
-    from esper.callbacks.telemetry import PROFILES, TelemetryCallback
+    from esper.callbacks.profiles import PROFILES
+    from esper.callbacks.telemetry import TelemetryCallback
 
     n_envs = min(args.n_envs)
     torch.manual_seed(0)

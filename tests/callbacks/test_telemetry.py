@@ -1,7 +1,9 @@
-"""TelemetryCallback: JSONL events per profile, TensorBoard summaries, state, host reads."""
+"""TelemetryCallback and its halves: JSONL events per profile, metrics through every logger,
+TensorBoard histograms, state, host reads."""
 
 from __future__ import annotations
 
+import csv
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +19,15 @@ from tensorboard.backend.event_processing.event_accumulator import (
     EventAccumulator,
 )
 
-from esper.callbacks import CALLBACKS, EsperCallback, TelemetryCallback
-from esper.callbacks.telemetry import HOST_READS_TAG, PROFILE_DEBUG, PROFILES
+from esper.callbacks import (
+    CALLBACKS,
+    EsperCallback,
+    EventLogCallback,
+    MetricsCallback,
+    TelemetryCallback,
+)
+from esper.callbacks.metrics import HOST_READS_TAG
+from esper.callbacks.profiles import PROFILE_DEBUG, PROFILES
 from esper.contracts.rollout import LifecycleEvent, RolloutSummary, StepBatch
 from esper.contracts.stages import SeedStage
 from esper.host_reads import WRAPPED_METHODS
@@ -102,7 +111,7 @@ EVENTS_BY_STEP: dict[int, tuple[LifecycleEvent, ...]] = {
 }
 
 
-def make_trainer(tmp_path: Path, callback: TelemetryCallback, logger: object = None) -> Trainer:
+def make_trainer(tmp_path: Path, callback: EsperCallback, logger: object = None) -> Trainer:
     return Trainer(
         default_root_dir=tmp_path,
         logger=logger if logger is not None else TensorBoardLogger(tmp_path),
@@ -114,7 +123,7 @@ def make_trainer(tmp_path: Path, callback: TelemetryCallback, logger: object = N
 
 
 def drive(
-    trainer: Trainer, callback: TelemetryCallback, rollouts: int = 1, start: int = 0
+    trainer: Trainer, callback: EsperCallback, rollouts: int = 1, start: int = 0
 ) -> LightningModule:
     """One fit's worth of hooks: setup, per rollout start/steps/end/update, teardown."""
     module = LightningModule()
@@ -128,7 +137,8 @@ def drive(
         callback.on_ppo_update_end(trainer, module, {"ppo/loss": np.float32(0.5), "ppo/kl": 0.01})
     callback.on_fit_end(trainer, module)
     callback.teardown(trainer, module, "fit")
-    trainer.logger.experiment.flush()  # type: ignore[union-attr]
+    for logger in trainer.loggers:
+        logger.save()  # TensorBoard flushes its writer, CSV writes metrics.csv
     return module
 
 
@@ -146,8 +156,8 @@ def test_normal_profile_writes_every_event_kind(tmp_path: Path) -> None:
     callback = TelemetryCallback()
     trainer = make_trainer(tmp_path, callback)
     drive(trainer, callback)
-    assert callback.events_path == Path(trainer.log_dir) / "events.jsonl"
-    events = read_events(callback.events_path)
+    assert callback.events.events_path == Path(trainer.log_dir) / "events.jsonl"
+    events = read_events(callback.events.events_path)
     kinds = [e["kind"] for e in events]
     assert kinds == [
         "germinated",
@@ -176,20 +186,20 @@ def test_normal_profile_writes_every_event_kind(tmp_path: Path) -> None:
     assert second_end["episode_return"] is None  # NaN is written as null
     assert second_end["rollbacks"] == 1 and second_end["discarded_transitions"] == 2
     assert events[9]["metrics"] == {"ppo/loss": 0.5, "ppo/kl": 0.01}
-    assert callback.events_written == len(events)
+    assert callback.events.events_written == len(events)
 
 
 def test_minimal_profile_keeps_only_key_events_and_no_tensorboard(tmp_path: Path) -> None:
     callback = TelemetryCallback(profile="minimal")
     trainer = make_trainer(tmp_path, callback)
     drive(trainer, callback, rollouts=2)
-    kinds = [e["kind"] for e in read_events(callback.events_path)]  # type: ignore[arg-type]
+    kinds = [e["kind"] for e in read_events(callback.events.events_path)]  # type: ignore[arg-type]
     assert set(kinds) == {"germinated", "pruned", "rollback", "episode_end", "ppo_update"}
     assert kinds.count("ppo_update") == 2 and kinds.count("episode_end") == 2 * N_ENVS
     tags = tb(trainer).Tags()
     assert tags["scalars"] == [] and tags["histograms"] == []
-    # Cumulative per-blueprint counts are kept even without TensorBoard.
-    assert callback.blueprint_counts == {"conv": {"germinated": 2}, "lora": {"pruned": 2}}
+    # The event log keeps cumulative per-blueprint counts even with no metrics logged.
+    assert callback.events.blueprint_counts == {"conv": {"germinated": 2}, "lora": {"pruned": 2}}
 
 
 def test_normal_profile_writes_tensorboard_summaries_per_rollout(tmp_path: Path) -> None:
@@ -266,21 +276,48 @@ def test_debug_profile_flushes_every_step(tmp_path: Path) -> None:
     module = LightningModule()
     callback.setup(trainer, module, "fit")
     callback.on_env_step(trainer, module, make_step(0, 0, EVENTS_BY_STEP[0]))
-    assert callback.events_path is not None
-    assert len(read_events(callback.events_path)) == 2  # readable before any rollout end
+    assert callback.events.events_path is not None
+    assert len(read_events(callback.events.events_path)) == 2  # readable before any rollout end
     callback.teardown(trainer, module, "fit")
 
 
-def test_other_loggers_get_jsonl_only(tmp_path: Path) -> None:
+def csv_scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar a CSVLogger wrote to ``log_dir``/metrics.csv: name -> [(step, value)]."""
+    with open(Path(log_dir, "metrics.csv"), newline="") as f:
+        rows = list(csv.DictReader(f))
+    out: dict[str, list[tuple[int, float]]] = {}
+    for row in rows:
+        step = int(row.pop("step"))
+        for name, value in row.items():
+            if value != "":
+                out.setdefault(name, []).append((step, float(value)))
+    return out
+
+
+def test_csv_logger_gets_the_scalars_tensorboard_gets(tmp_path: Path) -> None:
+    on_tb = TelemetryCallback(profile="debug")
+    tb_trainer = make_trainer(tmp_path / "tb", on_tb)
+    drive(tb_trainer, on_tb, rollouts=2)
+    on_csv = TelemetryCallback(profile="debug")
+    csv_trainer = make_trainer(tmp_path / "csv", on_csv, logger=CSVLogger(tmp_path / "csv"))
+    drive(csv_trainer, on_csv, rollouts=2)
+
+    acc, in_csv = tb(tb_trainer), csv_scalars(csv_trainer.log_dir)  # type: ignore[arg-type]
+    assert set(in_csv) == set(acc.Tags()["scalars"])
+    for tag in acc.Tags()["scalars"]:
+        assert in_csv[tag] == [(s.step, pytest.approx(s.value)) for s in acc.Scalars(tag)], tag
+    assert acc.Tags()["histograms"], "TensorBoard alone gets the action histograms"
+    assert Path(csv_trainer.log_dir, "events.jsonl").exists()  # type: ignore[arg-type]
+
+
+def test_scalars_reach_every_configured_logger(tmp_path: Path) -> None:
     callback = TelemetryCallback()
-    trainer = make_trainer(tmp_path, callback, logger=CSVLogger(tmp_path))
-    module = LightningModule()
-    callback.setup(trainer, module, "fit")
-    for t in range(STEPS):
-        callback.on_env_step(trainer, module, make_step(0, t, EVENTS_BY_STEP[t]))
-    callback.on_rollout_end(trainer, module, make_summary(0))
-    callback.teardown(trainer, module, "fit")
-    assert Path(trainer.log_dir, "events.jsonl").exists()
+    tensorboard, csv_logger = TensorBoardLogger(tmp_path), CSVLogger(tmp_path)
+    trainer = make_trainer(tmp_path, callback, logger=[tensorboard, csv_logger])
+    drive(trainer, callback)
+    scalars = set(tb(trainer).Tags()["scalars"])
+    assert "reward/total" in scalars
+    assert set(csv_scalars(csv_logger.log_dir)) == scalars
 
 
 def test_no_logger_writes_into_default_root_dir(tmp_path: Path) -> None:
@@ -303,19 +340,74 @@ def test_no_logger_writes_into_default_root_dir(tmp_path: Path) -> None:
     ],
 )
 def test_bad_arguments_say_the_fix(kwargs: dict[str, object], error: type, match: str) -> None:
-    with pytest.raises(error, match=match):
+    with pytest.raises(error, match=rf"TelemetryCallback\(.*{match}"):
         TelemetryCallback(**kwargs)  # type: ignore[arg-type]
+    # Each half checks its own arguments and names itself.
+    half = EventLogCallback if "histogram_every" not in kwargs else MetricsCallback
+    with pytest.raises(error, match=rf"{half.__name__}\(.*{match}"):
+        half(**kwargs)  # type: ignore[arg-type]
 
 
 def test_profiles_and_registry() -> None:
     assert tuple(PROFILES) == ("minimal", "normal", "debug")
     assert CALLBACKS.get("telemetry") is TelemetryCallback
+    callback = TelemetryCallback(profile="debug", events_file="ev.jsonl", histogram_every=3)
+    assert callback.parts == (callback.events, callback.metrics)
+    assert (callback.events.profile, callback.events.events_file) == ("debug", "ev.jsonl")
+    assert (callback.metrics.profile, callback.metrics.histogram_every) == ("debug", 3)
 
 
-def test_hooks_before_setup_raise() -> None:
-    callback = TelemetryCallback()
+def test_the_halves_work_alone(tmp_path: Path) -> None:
+    events, metrics = EventLogCallback(profile="minimal"), MetricsCallback()
+    trainer = Trainer(
+        default_root_dir=tmp_path,
+        logger=CSVLogger(tmp_path),
+        callbacks=[events, metrics],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    for callback in (events, metrics):
+        drive(trainer, callback, rollouts=2)
+    kinds = {e["kind"] for e in read_events(events.events_path)}  # type: ignore[arg-type]
+    assert kinds == {"germinated", "pruned", "rollback", "episode_end", "ppo_update"}
+    scalars = csv_scalars(trainer.log_dir)  # type: ignore[arg-type]
+    assert scalars["blueprints/lora/pruned_total"] == [(0, 1.0), (1, 2.0)]
+    assert metrics.blueprint_totals == events.blueprint_counts
+    assert metrics.steps_per_rollout == events.steps_per_rollout == STEPS
+
+
+def test_a_minimal_metrics_callback_logs_nothing(tmp_path: Path) -> None:
+    callback = MetricsCallback(profile="minimal")
+    trainer = make_trainer(tmp_path, callback)
+    drive(trainer, callback)
+    assert tb(trainer).Tags()["scalars"] == []
+
+
+@pytest.mark.parametrize("half", [EventLogCallback, MetricsCallback])
+def test_telemetry_beside_one_of_its_own_halves_is_refused(tmp_path: Path, half: type) -> None:
+    trainer = make_trainer(tmp_path, TelemetryCallback())
+    trainer.callbacks.append(half())
+    module = LightningModule()
+    with pytest.raises(ValueError, match="not both"):
+        for callback in trainer.callbacks:
+            callback.setup(trainer, module, "fit")
+
+
+def test_halves_that_do_not_collide_may_run_beside_telemetry(tmp_path: Path) -> None:
+    # Another events file, and metrics beside a telemetry that logs none (minimal).
+    trainer = make_trainer(tmp_path, TelemetryCallback(profile="minimal"))
+    other, metrics = EventLogCallback(events_file="other.jsonl"), MetricsCallback()
+    trainer.callbacks.extend([other, metrics])
+    for callback in trainer.callbacks:
+        callback.setup(trainer, LightningModule(), "fit")
+    assert other.events_path == Path(trainer.log_dir, "other.jsonl")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", [TelemetryCallback, EventLogCallback, MetricsCallback])
+def test_hooks_before_setup_raise(kind: type) -> None:
     with pytest.raises(RuntimeError, match="callbacks="):
-        callback.on_env_step(None, None, make_step(0, 0))  # type: ignore[arg-type]
+        kind().on_env_step(None, None, make_step(0, 0))
 
 
 def test_state_dict_round_trip_continues_cumulative_counts(tmp_path: Path) -> None:
@@ -323,19 +415,23 @@ def test_state_dict_round_trip_continues_cumulative_counts(tmp_path: Path) -> No
     trainer = make_trainer(tmp_path, first)
     drive(trainer, first, rollouts=2)
     state = json.loads(json.dumps(first.state_dict()))  # plain data, survives any checkpoint
-    assert state["blueprint_counts"] == {"conv": {"germinated": 2}, "lora": {"pruned": 2}}
-    assert state["events_written"] == first.events_written == 20
-    assert state["rollouts_seen"] == 2 and state["steps_per_rollout"] == STEPS
+    assert state["version"] == 2 and set(state) == {"version", "events", "metrics"}
+    events_state, metrics_state = state["events"], state["metrics"]
+    assert events_state["blueprint_counts"] == {"conv": {"germinated": 2}, "lora": {"pruned": 2}}
+    assert events_state["events_written"] == first.events.events_written == 20
+    assert events_state["rollouts_seen"] == 2 and events_state["steps_per_rollout"] == STEPS
+    assert metrics_state["blueprint_totals"] == events_state["blueprint_counts"]
+    assert metrics_state["steps_per_rollout"] == STEPS
 
     resumed = TelemetryCallback()
     assert resumed.state_key == first.state_key
     resumed.load_state_dict(state)
     trainer = make_trainer(tmp_path, resumed, logger=TensorBoardLogger(tmp_path, version=0))
     drive(trainer, resumed, rollouts=1, start=2)
-    assert resumed.blueprint_counts == {"conv": {"germinated": 3}, "lora": {"pruned": 3}}
-    assert resumed.rollouts_seen == 3
-    events = read_events(resumed.events_path)  # type: ignore[arg-type]
-    assert resumed.events_written == len(events) == 20 + 1 + 10  # appended after a resume line
+    assert resumed.events.blueprint_counts == {"conv": {"germinated": 3}, "lora": {"pruned": 3}}
+    assert resumed.events.rollouts_seen == 3
+    events = read_events(resumed.events.events_path)  # type: ignore[arg-type]
+    assert resumed.events.events_written == len(events) == 20 + 1 + 10  # after a resume line
     assert events[20]["kind"] == "resume" and events[20]["events_written"] == 20
     assert events[20]["rollout"] == 2
     totals = tb(trainer).Scalars("blueprints/conv/germinated_total")
@@ -343,6 +439,53 @@ def test_state_dict_round_trip_continues_cumulative_counts(tmp_path: Path) -> No
 
     with pytest.raises(ValueError, match="version"):
         TelemetryCallback().load_state_dict({**state, "version": 99})
+    with pytest.raises(ValueError, match="version"):
+        EventLogCallback().load_state_dict({**events_state, "version": 99})
+    with pytest.raises(ValueError, match="version"):
+        MetricsCallback().load_state_dict({**metrics_state, "version": 99})
+
+
+def test_resume_drops_the_unfinished_rollouts_records(tmp_path: Path) -> None:
+    first = TelemetryCallback()
+    trainer = make_trainer(tmp_path, first)
+    drive(trainer, first, rollouts=2)
+    state = first.state_dict()  # as saved after rollout 1; rollout 2 then got cut short
+    module = LightningModule()
+    first.setup(trainer, module, "fit")
+    first.on_rollout_start(trainer, module, 2)
+    first.on_env_step(trainer, module, make_step(2, 0, EVENTS_BY_STEP[0]))
+    first.teardown(trainer, module, "fit")
+    with open(first.events.events_path, "a") as f:  # type: ignore[arg-type]
+        f.write('{"kind": "ppo_upd')  # a line the crash cut short
+
+    resumed = TelemetryCallback()
+    resumed.load_state_dict(state)
+    trainer = make_trainer(tmp_path, resumed, logger=TensorBoardLogger(tmp_path, version=0))
+    drive(trainer, resumed, rollouts=1, start=2)
+    events = read_events(resumed.events.events_path)  # type: ignore[arg-type]
+    assert events[20]["kind"] == "resume" and events[20]["dropped_unfinished"] == 2 + 1
+    assert [e["rollout"] for e in events] == [0] * 10 + [1] * 10 + [2] * 11
+    assert resumed.events.events_written == 20 + 1 + 10
+
+
+def test_state_from_before_the_split_still_loads(tmp_path: Path) -> None:
+    # The version 1 state TelemetryCallback wrote when it was one class: the event log's.
+    old = {
+        "version": 1,
+        "events_written": 20,
+        "events_by_kind": {"germinated": 2, "pruned": 2},
+        "blueprint_counts": {"conv": {"germinated": 2}, "lora": {"pruned": 2}},
+        "rollouts_seen": 2,
+        "steps_per_rollout": STEPS,
+    }
+    resumed = TelemetryCallback()
+    resumed.load_state_dict(old)
+    assert resumed.events.state_dict() == old
+    assert resumed.metrics.blueprint_totals == old["blueprint_counts"]
+    trainer = make_trainer(tmp_path, resumed)
+    drive(trainer, resumed, rollouts=1, start=2)
+    totals = tb(trainer).Scalars("blueprints/conv/germinated_total")
+    assert [(s.step, s.value) for s in totals] == [(2, 3.0)]
 
 
 class ReadsAParameterEachStep(EsperCallback):
@@ -411,12 +554,14 @@ def test_hooks_in_a_real_rollout_add_no_host_reads_to_the_packed_transfers(
     fit = fit_counting_rollouts(tmp_path, [callback])
     # In "debug" the callback's own counter runs nested inside this one; both must agree.
     assert fit.reads == fit.packed_transfers, fit.reports
-    assert callback.rollouts_seen == REAL_ROLLOUTS
+    assert callback.events.rollouts_seen == REAL_ROLLOUTS
     if profile == PROFILE_DEBUG:
-        assert callback.last_host_reads is not None
-        assert callback.last_host_reads.count == fit.reads[-1], callback.last_host_reads.report()
+        assert callback.metrics.last_host_reads is not None
+        assert callback.metrics.last_host_reads.count == fit.reads[-1], (
+            callback.metrics.last_host_reads.report()
+        )
     else:
-        assert callback.last_host_reads is None
+        assert callback.metrics.last_host_reads is None
 
 
 def test_the_real_rollout_harness_catches_a_hook_that_reads_a_device_tensor(
@@ -442,7 +587,7 @@ def test_debug_profile_ends_its_counter_when_a_rollout_raises(tmp_path: Path) ->
         fit_counting_rollouts(tmp_path, [callback, RaisesOnEnvStep()])
     assert {name: getattr(torch.Tensor, name) for name in WRAPPED_METHODS} == originals
     assert torch._C._len_torch_dispatch_stack() == modes
-    assert callback.last_host_reads is not None, "the counter was ended, not left running"
+    assert callback.metrics.last_host_reads is not None, "the counter was ended, not left running"
 
 
 def logged(trainer: Trainer, tag: str) -> list[float]:
@@ -497,4 +642,38 @@ def test_real_fit_writes_events_and_tensorboard(tmp_path: Path) -> None:
     )
     scalars = tb(trainer).Tags()["scalars"]
     assert any(tag.startswith("reward/") for tag in scalars), scalars
-    assert callback.rollouts_seen == 2
+    assert callback.events.rollouts_seen == 2
+
+
+def real_fit(root: Path, logger: object, profile: str) -> Trainer:
+    """A short real fit of a small PPOModule with telemetry at ``profile``, logging to ``logger``."""
+    from esper.simic.module import PPOModule
+    from esper.tolaria.data import SyntheticImageDataModule
+
+    seed_everything(0, verbose=False)
+    trainer = Trainer(
+        max_epochs=REAL_ROLLOUTS,
+        default_root_dir=root,
+        logger=logger,  # type: ignore[arg-type]
+        callbacks=[TelemetryCallback(profile=profile)],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    module = PPOModule(n_envs=REAL_ENVS, episode_epochs=REAL_EPISODE_EPOCHS, host_kwargs=REAL_HOST)
+    trainer.fit(module, datamodule=SyntheticImageDataModule(**REAL_DATA))
+    return trainer
+
+
+@pytest.mark.slow
+def test_real_fit_logs_the_same_scalar_names_to_csv_as_to_tensorboard(tmp_path: Path) -> None:
+    # default_hp_metric=False: TensorBoard's placeholder for hparams, not a logged scalar.
+    tensorboard = TensorBoardLogger(tmp_path / "tb", default_hp_metric=False)
+    on_tb = real_fit(tmp_path / "tb", tensorboard, PROFILE_DEBUG)
+    on_csv = real_fit(tmp_path / "csv", CSVLogger(tmp_path / "csv"), PROFILE_DEBUG)
+    tb_names = set(tb(on_tb).Tags()["scalars"])
+    csv_names = set(csv_scalars(on_csv.log_dir))  # type: ignore[arg-type]
+    # The callback's names and the module's (self.log) alike reach the CSV file.
+    assert {"reward/total", "host/val_acc/env0", HOST_READS_TAG, "debug/reward_step"} <= tb_names
+    assert {"train/episode_return", PACKED_TRANSFERS_TAG} <= tb_names
+    assert csv_names == tb_names

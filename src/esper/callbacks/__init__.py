@@ -10,7 +10,9 @@ from lightning.pytorch import Callback
 
 from esper.callbacks.base import EsperCallback
 from esper.callbacks.checkpoint import BestPolicyCheckpoint, EsperCheckpoint
+from esper.callbacks.events import EventLogCallback
 from esper.callbacks.governor import GovernorCallback
+from esper.callbacks.metrics import MetricsCallback
 from esper.callbacks.progress import ProgressLines
 from esper.callbacks.telemetry import TelemetryCallback
 from esper.callbacks.timeline import TimelineCallback
@@ -42,7 +44,9 @@ __all__ = [
     "BestPolicyCheckpoint",
     "EsperCallback",
     "EsperCheckpoint",
+    "EventLogCallback",
     "GovernorCallback",
+    "MetricsCallback",
     "ProgressLines",
     "TelemetryCallback",
     "TimelineCallback",
