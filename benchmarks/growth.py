@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from esper.kasmina import OptimConfig
-from esper.simic.env import EnvConfig
+from esper.simic.env_config import EnvConfig
 from esper.simic.evaluate import baseline_controller, run_episodes
 from esper.simic.module import PPOModule
 from esper.tolaria.data import DATAMODULES

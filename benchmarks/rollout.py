@@ -31,7 +31,8 @@ import torch
 
 from esper.host_reads import HostReadCounter
 from esper.simic.buffer import RolloutBuffer
-from esper.simic.env import EnvConfig, MorphogeneticVecEnv
+from esper.simic.env import MorphogeneticVecEnv
+from esper.simic.env_config import EnvConfig
 from esper.simic.normalizer import RunningObsNormalizer
 from esper.simic.rollout import RolloutCollector
 from esper.tamiyo.policy import PolicyConfig, PolicyNetwork

@@ -300,7 +300,7 @@ def fit(argv: Sequence[str] | None = None) -> int:
         read_checkpoint,
         run_folder_of,
     )
-    from esper.simic.env import action_schema
+    from esper.simic.env_config import action_schema
     from esper.simic.module import (
         PPOModule,
         RunFailure,

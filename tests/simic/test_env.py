@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from esper.contracts import BlendMode, LifecycleOp, SeedStage
-from esper.simic.env import EnvConfig
+from esper.simic.env_config import EnvConfig
 from tests.simic.envs import small_env
 
 

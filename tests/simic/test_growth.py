@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from esper.simic.env import EnvConfig
+from esper.simic.env_config import EnvConfig
 from esper.simic.evaluate import baseline_controller, run_episodes
 from esper.tolaria.data import DigitsDataModule
 

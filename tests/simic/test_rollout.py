@@ -82,7 +82,8 @@ def test_the_normaliser_learns_from_each_rollout_once() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("n_envs", [2, 8])
 def test_cuda_rollout_reads_the_device_once_per_host_epoch(n_envs: int) -> None:
-    from esper.simic.env import EnvConfig, MorphogeneticVecEnv
+    from esper.simic.env import MorphogeneticVecEnv
+    from esper.simic.env_config import EnvConfig
     from tests.simic.envs import small_data
 
     config = EnvConfig(

@@ -12,7 +12,7 @@ import pytest
 
 from esper.cli import main
 from esper.kasmina import LifecycleConfig, OptimConfig
-from esper.simic.env import EnvConfig
+from esper.simic.env_config import EnvConfig
 from esper.simic.module import PPOModule
 from esper.simic.normalizer import NormalizerConfig
 from esper.simic.ppo import PPOConfig

@@ -9,7 +9,7 @@ import torch
 
 from esper.host_reads import HostReadCounter
 from esper.kasmina import CNNHost, GrowingHost
-from esper.simic.env import EnvConfig
+from esper.simic.env_config import EnvConfig
 from esper.tolaria.epoch import run_epoch
 from tests.tolaria.loaders import image_loaders
 

@@ -9,9 +9,7 @@ the step's single transfer, and it applies actions from the host-side copy it ge
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -22,99 +20,19 @@ from esper.contracts.rollout import LifecycleEvent
 from esper.contracts.stages import CLOCK_STAGES, CONTRIBUTING_STAGES, COOLDOWN_PATH
 from esper.kasmina import (
     BLUEPRINTS,
-    HOSTS,
     GrowingHost,
-    HostModel,
-    LifecycleConfig,
-    OptimConfig,
-    SlotShape,
 )
 from esper.kasmina.lifecycle import GateSignals
-from esper.simic.rewards import REWARDS, RewardConfig, RewardFn, RewardInputs
+from esper.simic.env_config import EnvConfig, blueprint_names, build_host
+from esper.simic.rewards import REWARDS, RewardFn, RewardInputs
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.features import EnvState, ObservationBuilder, SlotState
 from esper.tamiyo.masks import MaskBuilder
 from esper.tolaria.data.base import HostDataModule
-from esper.tolaria.epoch import AMP_DTYPES, OOM_POLICIES, EpochResult, run_epoch
+from esper.tolaria.epoch import EpochResult, run_epoch
 
 #: Seed-initialisation generator keys are taken modulo this (torch seeds are 64-bit).
 SEED_KEY_MODULUS = 2**63
-
-
-@dataclass(frozen=True)
-class EnvConfig:
-    """How many hosts, how long an episode, which host, seeds and reward family.
-
-    ``episode_epochs`` counts host epochs per episode; the policy decides after each one
-    except the last, so an episode holds ``episode_epochs - 1`` transitions.
-    """
-
-    n_envs: int = 4
-    episode_epochs: int = 25
-    host: str = "cnn"
-    host_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    #: Blueprints the policy may plant; None means every registered one that fits a slot.
-    blueprints: tuple[str, ...] | None = None
-    reward: str = "shaped"
-    lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    rewards: RewardConfig = field(default_factory=RewardConfig)
-    #: An env that runs out of device memory: "raise" stops the run (after its last
-    #: checkpoint), "skip_env_epoch" lets that env sit out the rest of the epoch.
-    on_oom: str = "raise"
-    #: Run each host's forward and loss through torch.compile.
-    compile: bool = False
-    #: Mixed precision for host training: "off", "bf16" or "fp16" (one GradScaler per device).
-    amp: str = "off"
-    #: Devices to place hosts on, round-robin (e.g. ["cuda:0", "cuda:1"]); None: the
-    #: module's device.
-    devices: tuple[str, ...] | None = None
-    #: Start every env of an episode from the same host weights and train them on the same
-    #: samples (common random numbers: envs then differ only by what the policy did).
-    #: Training sets it with ``PPOConfig.paired_envs``; evaluation keeps it off, so its
-    #: episodes are independent.
-    paired: bool = False
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.paired, bool):
-            raise ValueError(f"EnvConfig.paired must be true or false, got {self.paired!r}")
-        if self.amp not in AMP_DTYPES:
-            raise ValueError(f"EnvConfig.amp must be one of {list(AMP_DTYPES)}, got {self.amp!r}")
-        if self.devices is not None and not self.devices:
-            raise ValueError("EnvConfig.devices is empty; pass None to use the module's device")
-        if self.on_oom not in OOM_POLICIES:
-            raise ValueError(
-                f"EnvConfig.on_oom must be one of {list(OOM_POLICIES)}, got {self.on_oom!r}"
-            )
-        if isinstance(self.n_envs, bool) or not isinstance(self.n_envs, int) or self.n_envs < 1:
-            raise ValueError(f"EnvConfig.n_envs must be an int >= 1, got {self.n_envs!r}")
-        if (
-            isinstance(self.episode_epochs, bool)
-            or not isinstance(self.episode_epochs, int)
-            or self.episode_epochs < 2
-        ):
-            raise ValueError(
-                f"EnvConfig.episode_epochs must be an int >= 2 (one decision needs an epoch "
-                f"before and after it), got {self.episode_epochs!r}"
-            )
-        if self.host not in HOSTS:
-            raise ValueError(
-                f"EnvConfig.host {self.host!r} is not a registered host; known: {list(HOSTS.names())}"
-            )
-        if self.reward not in REWARDS:
-            raise ValueError(
-                f"EnvConfig.reward {self.reward!r} is not a registered reward family; "
-                f"known: {list(REWARDS.names())}"
-            )
-        if self.blueprints is not None:
-            if not self.blueprints:
-                raise ValueError("EnvConfig.blueprints is empty; pass None to allow all that fit")
-            unknown = [b for b in self.blueprints if b not in BLUEPRINTS]
-            if unknown:
-                raise ValueError(
-                    f"EnvConfig.blueprints names unknown blueprints {unknown}; "
-                    f"known: {list(BLUEPRINTS.names())}"
-                )
 
 
 class HostDataError(RuntimeError):
@@ -133,39 +51,6 @@ class StepOutcome:
     pruned: np.ndarray
 
 
-def build_host(config: EnvConfig, datamodule: HostDataModule) -> HostModel:
-    """A fresh host sized for the data (input shape, classes or vocabulary)."""
-    cls = HOSTS.get(config.host)
-    return cls.from_data(
-        datamodule.input_shape,
-        datamodule.n_classes,
-        lifecycle=config.lifecycle,
-        **dict(config.host_kwargs),
-    )
-
-
-def _blueprint_names(config: EnvConfig, shapes: list[SlotShape]) -> tuple[str, ...]:
-    """The blueprints the policy chooses among: the configured ones, or all that fit a slot."""
-    names = config.blueprints or tuple(
-        n for n in BLUEPRINTS.names() if any(BLUEPRINTS.get(n).fits(sh) for sh in shapes)
-    )
-    if not names:
-        raise ValueError(f"no registered blueprint fits any slot of host {config.host!r}")
-    return tuple(names)
-
-
-def action_schema(config: EnvConfig, datamodule: HostDataModule) -> ActionSchema:
-    """The action space a run of ``config`` on ``datamodule`` has, without building the env.
-
-    It depends on the blueprint registry as it is now, so a plugin installed since a
-    checkpoint was written can change it; the CLI compares it with a checkpoint's before
-    a resumed run starts.
-    """
-    probe = build_host(config, datamodule)
-    shapes = [probe.slot(s).shape for s in probe.slot_ids]
-    return ActionSchema(probe.slot_ids, _blueprint_names(config, shapes))
-
-
 class MorphogeneticVecEnv:
     """``n_envs`` hosts trained in lock-step, one host epoch per step."""
 
@@ -181,7 +66,7 @@ class MorphogeneticVecEnv:
         probe = build_host(config, datamodule)
         self.slot_ids = probe.slot_ids
         shapes = [probe.slot(s).shape for s in self.slot_ids]
-        names = _blueprint_names(config, shapes)
+        names = blueprint_names(config, shapes)
         self.blueprint_names = names
         self.schema = ActionSchema(self.slot_ids, self.blueprint_names)
         self.blend_modes = self.schema.blend_modes

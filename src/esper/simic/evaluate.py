@@ -27,7 +27,8 @@ import torch
 from esper.callbacks.checkpoint import CheckpointError, EsperCheckpointIO
 from esper.contracts.rollout import StepBatch
 from esper.simic.buffer import RolloutBuffer
-from esper.simic.env import EnvConfig, MorphogeneticVecEnv, action_schema
+from esper.simic.env import MorphogeneticVecEnv
+from esper.simic.env_config import EnvConfig, action_schema
 from esper.simic.module import DATA_KEY, PPOModule, check_same_action_space, checkpoint_policy_spec
 from esper.simic.rollout import Controller, RolloutCollector
 from esper.tamiyo.baselines import STATE_SHAPE, NoGrowthController, RandomLegalController

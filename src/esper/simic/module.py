@@ -26,7 +26,8 @@ from esper.contracts import ActionSchema, BlendMode
 from esper.contracts.rollout import RolloutSummary, StepBatch
 from esper.kasmina import LifecycleConfig, OptimConfig
 from esper.simic.buffer import RolloutBuffer
-from esper.simic.env import EnvConfig, MorphogeneticVecEnv
+from esper.simic.env import MorphogeneticVecEnv
+from esper.simic.env_config import EnvConfig
 from esper.simic.normalizer import NormalizerConfig, RunningObsNormalizer
 from esper.simic.ppo import PPOConfig, make_optimizer, ppo_update
 from esper.simic.rewards import RewardConfig

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from esper.kasmina import BLUEPRINTS, HOSTS, HostModel, LifecycleConfig, OptimConfig, SlotShape
-from esper.simic.env import EnvConfig
+from esper.simic.env_config import EnvConfig
 from esper.simic.normalizer import NormalizerConfig
 from esper.simic.ppo import PPOConfig
 from esper.simic.rewards import REWARDS, RewardConfig
