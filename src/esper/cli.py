@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from esper import __version__
+from esper.help_format import EsperArgumentParser
 
 
 def _plugins(_: argparse.Namespace) -> int:
@@ -156,10 +157,11 @@ def _quiet_third_party() -> None:
 
 
 def _data_names_as_class_paths(argv: Sequence[str]) -> list[str]:
-    """``--data NAME`` with a registry name (``esper plugins`` lists them) as its class path.
+    """``--data NAME`` (and ``--data.help NAME``) with a registry name as its class path.
 
     LightningCLI takes a class path or a class name after ``--data``; Esper's registry
-    names (``digits``, ``tokens``, a plugin's name) work wherever those do.
+    names (``digits``, ``tokens``, a plugin's name; ``esper plugins`` lists them) work
+    wherever those do.
     """
     from esper.tolaria.data import DATAMODULES
 
@@ -171,10 +173,13 @@ def _data_names_as_class_paths(argv: Sequence[str]) -> list[str]:
 
     out = list(argv)
     for i, word in enumerate(out):
-        if word == "--data" and i + 1 < len(out):
+        option, eq, value = word.partition("=")
+        if option not in ("--data", "--data.help"):
+            continue
+        if eq:
+            out[i] = f"{option}={resolve(value)}"
+        elif i + 1 < len(out):
             out[i + 1] = resolve(out[i + 1])
-        elif word.startswith("--data="):
-            out[i] = "--data=" + resolve(word[len("--data=") :])
     return out
 
 
@@ -458,6 +463,7 @@ def fit(argv: Sequence[str] | None = None) -> int:
             trainer_defaults={**FIT_TRAINER_DEFAULTS, "enable_progress_bar": on_terminal},
             seed_everything_default=0,
             args=None if argv is None else ["fit", *argv],
+            parser_class=EsperArgumentParser,
             parser_kwargs={"prog": "esper"},
         )
     except Exception as exc:  # from parsing, building the run, or PPOModule.setup

@@ -180,7 +180,8 @@ class PPOModule(LightningModule):
     """Trains a :class:`PolicyNetwork` with PPO over ``n_envs`` growing hosts.
 
     Args:
-        n_envs: hosts trained in parallel (this rank's share under DDP).
+        n_envs: hosts trained in parallel, over all ranks (under DDP each rank trains
+            ``n_envs / world size`` of them).
         episode_epochs: host epochs per episode (one rollout).
         host: registered host name (``cnn``, ``transformer`` or a plugin).
         host_kwargs: extra constructor arguments for the host; None takes

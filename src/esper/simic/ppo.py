@@ -48,8 +48,10 @@ STAT_NAMES: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class PPOConfig:
-    """PPO hyper-parameters; defaults follow CleanRL's ``ppo.py`` except ``lr`` and
-    ``update_epochs``, which are set for Esper's small batches.
+    """PPO hyper-parameters, CleanRL's defaults but for the learning rate and epochs.
+
+    Defaults follow CleanRL's ``ppo.py`` except ``lr`` and ``update_epochs``, which are set
+    for Esper's small batches.
 
     A rollout of the default run is 4 envs x 24 decisions: CleanRL's 4 epochs at 3e-4 make
     8 small Adam steps on it, and the policy barely moved (``ppo/approx_kl`` about 1e-5,
