@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from esper.kasmina import CNNHost, SlotShape
+from esper.contracts import BlendMode
+from esper.kasmina import CNNHost, GrowingHost, OptimConfig, SlotShape
 
 
 @pytest.mark.parametrize(
@@ -75,6 +76,8 @@ def test_non_float_images_raise_value_error_naming_the_dtype(dtype: torch.dtype)
         ({"n_classes": 1}, "n_classes"),
         ({"channels": ()}, "channels"),
         ({"channels": (16, 0)}, "channels"),
+        ({"convs_per_stage": 0}, "convs_per_stage"),
+        ({"convs_per_stage": 1.5}, "convs_per_stage"),
     ],
 )
 def test_bad_constructor_arguments_raise_value_error_naming_the_field(
@@ -92,3 +95,28 @@ def test_loss_and_correct_counts_predictions_per_sample() -> None:
     assert n == 4
     assert int(correct) == 3
     assert torch.allclose(loss, torch.nn.functional.cross_entropy(outputs, targets))
+
+
+def test_one_conv_per_stage_is_the_predecessors_host() -> None:
+    """esper-lite's host: per stage one conv3x3 without bias, BN, ReLU, 2x2 max-pool;
+    global pooling and a linear head. 6 418 parameters on 3x32x32 and 10 classes."""
+    host = CNNHost((3, 32, 32), 10, channels=(8, 16, 32), convs_per_stage=1)
+    assert sum(p.numel() for p in host.parameters()) == 6418
+    for stage in host.stages:
+        kinds = [type(layer) for layer in stage.body]
+        assert kinds == [torch.nn.Conv2d, torch.nn.BatchNorm2d, torch.nn.ReLU]
+        assert stage.body[0].bias is None and stage.body[0].kernel_size == (3, 3)
+    assert host.pools == [True, True, True]
+    assert host(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_the_predecessors_host_grows_in_every_slot_like_any_cnn_host() -> None:
+    torch.manual_seed(0)
+    host = CNNHost((3, 32, 32), 10, channels=(8, 16, 32), convs_per_stage=1)
+    grown = GrowingHost(host, OptimConfig())
+    before = sum(p.numel() for p in host.parameters())
+    for slot_id in host.slot_ids:
+        grown.germinate(slot_id, "conv_light", BlendMode.LINEAR)
+    assert sum(p.numel() for p in host.parameters()) > before
+    out = host(torch.randn(2, 3, 32, 32))
+    assert out.shape == (2, 10) and bool(torch.isfinite(out).all())

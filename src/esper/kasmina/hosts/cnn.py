@@ -15,22 +15,25 @@ from esper.kasmina.lifecycle import LifecycleConfig
 from esper.kasmina.slot import SeedSlot
 
 DEFAULT_CHANNELS: tuple[int, ...] = (16, 32, 64)
+#: Two convs per stage by default; one (with channels 8, 16, 32) is esper-lite's host, for
+#: like-for-like comparisons with the predecessor.
+DEFAULT_CONVS_PER_STAGE = 2
 POOL = 2
 
 
 class ConvStage(nn.Module):
-    """Two 3x3 conv-BN-ReLU layers at one resolution."""
+    """``convs`` 3x3 conv-BN-ReLU layers at one resolution (no conv bias: BN has one)."""
 
-    def __init__(self, c_in: int, c_out: int) -> None:
+    def __init__(self, c_in: int, c_out: int, convs: int = 2) -> None:
         super().__init__()
-        self.body = nn.Sequential(
-            nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
-            nn.BatchNorm2d(c_out),
-            nn.ReLU(inplace=True),
-            nn.Conv2d(c_out, c_out, 3, padding=1, bias=False),
-            nn.BatchNorm2d(c_out),
-            nn.ReLU(inplace=True),
-        )
+        layers: list[nn.Module] = []
+        for i in range(convs):
+            layers += [
+                nn.Conv2d(c_in if i == 0 else c_out, c_out, 3, padding=1, bias=False),
+                nn.BatchNorm2d(c_out),
+                nn.ReLU(inplace=True),
+            ]
+        self.body = nn.Sequential(*layers)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.body(x)
@@ -38,6 +41,10 @@ class ConvStage(nn.Module):
 
 class CNNHost(HostModel):
     """Stages of conv blocks; slot ``stage{i}`` sits after stage i, before its 2x2 pooling.
+
+    ``convs_per_stage=1`` with ``channels=(8, 16, 32)`` is the predecessor's host (6 418
+    parameters on 3x32x32 images and 10 classes), so the two systems can be timed on the
+    same network.
 
     Pooling happens after a stage only while the feature map is larger than 1x1, so the
     same code serves 8x8 digits and 32x32 CIFAR-10 images.
@@ -51,6 +58,7 @@ class CNNHost(HostModel):
         n_classes: int = 10,
         channels: Sequence[int] = DEFAULT_CHANNELS,
         lifecycle: LifecycleConfig | None = None,
+        convs_per_stage: int = DEFAULT_CONVS_PER_STAGE,
     ) -> None:
         super().__init__()
         input_shape = tuple(int(s) for s in input_shape)
@@ -63,6 +71,12 @@ class CNNHost(HostModel):
             raise ValueError(f"CNNHost.n_classes must be >= 2, got {n_classes}")
         if not channels or min(channels) < 1:
             raise ValueError(f"CNNHost.channels must be non-empty positive widths, got {channels}")
+        if isinstance(convs_per_stage, bool) or not isinstance(convs_per_stage, int):
+            raise ValueError(
+                f"CNNHost.convs_per_stage must be an int >= 1, got {convs_per_stage!r}"
+            )
+        if convs_per_stage < 1:
+            raise ValueError(f"CNNHost.convs_per_stage must be an int >= 1, got {convs_per_stage}")
         self.input_shape = input_shape
         self.n_classes = n_classes
         self.stages = nn.ModuleList()
@@ -70,7 +84,7 @@ class CNNHost(HostModel):
         self.slots = nn.ModuleDict()
         c_in, h, w = input_shape
         for i, c in enumerate(channels):
-            self.stages.append(ConvStage(c_in, c))
+            self.stages.append(ConvStage(c_in, c, convs_per_stage))
             self.slots[f"stage{i}"] = SeedSlot(f"stage{i}", SlotShape("cnn", c, (h, w)), lifecycle)
             pool = h >= POOL and w >= POOL
             self.pools.append(pool)
