@@ -1,15 +1,15 @@
-"""The governor restores only the env that panicked and keeps every other env's data."""
+"""The governor restores only the env that panicked, keeps every other env's data, and
+charges the penalty to the transition whose epoch panicked."""
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from esper.callbacks.governor import PROBE, GovernorCallback
+from esper.callbacks.governor import GovernorCallback
 from esper.contracts.rollout import StepBatch
+from esper.simic.control import PANIC_NONE, PANIC_SIGNAL
 from esper.simic.ppo import PPOConfig, make_optimizer, ppo_update
 from esper.simic.rollout import RolloutCollector
 from tests.simic.envs import collector, small_env
@@ -17,8 +17,8 @@ from tests.simic.envs import collector, small_env
 N_ENVS = 4
 EPISODE_EPOCHS = 8
 FAULTY_ENV = 1
-#: The fault is planted when the transition of this step closes; the next epoch's loss
-#: is then non-finite, and the governor sees it one step later.
+#: The fault is planted when the transition of the step before closes, so the epoch after
+#: this step's decision is the one whose loss is non-finite.
 FAULT_STEP = 4
 SNAPSHOT_EVERY = 3
 
@@ -39,20 +39,17 @@ BUFFER_FIELDS = (
 def _run(fault: bool) -> tuple[RolloutCollector, GovernorCallback, list[StepBatch]]:
     col = collector(small_env(N_ENVS, EPISODE_EPOCHS), seed=0)
     governor = GovernorCallback(snapshot_every=SNAPSHOT_EVERY)
-    module = SimpleNamespace(collector=col)
-    governor.on_train_start(None, module)  # type: ignore[arg-type]
-    governor.on_rollout_start(None, module, 0)  # type: ignore[arg-type]
+    col.set_governor(governor)
     steps: list[StepBatch] = []
 
     def on_step(step: StepBatch) -> None:
         steps.append(step)
-        governor.on_env_step(None, module, step)  # type: ignore[arg-type]
         if fault and step.step == FAULT_STEP - 1:
             with torch.no_grad():
                 col.env.hosts[FAULTY_ENV].model.head.weight.fill_(float("nan"))
 
     batch, summary = col.collect(0, on_step=on_step)
-    governor.on_rollout_end(None, module, summary)  # type: ignore[arg-type]
+    governor.on_rollout_end(None, None, summary)  # type: ignore[arg-type]
     col.last_batch = batch  # type: ignore[attr-defined]
     col.last_summary = summary  # type: ignore[attr-defined]
     return col, governor, steps
@@ -67,8 +64,8 @@ def test_only_the_faulty_env_is_rolled_back(runs: tuple[tuple, tuple]) -> None:
     (_, clean_gov, _), (faulty, gov, steps) = runs
     assert clean_gov.total_rollbacks == 0
     assert faulty.last_summary.rollbacks.tolist() == [0, 1, 0, 0]
-    panics = [s for s in steps if s.probes[PROBE][FAULTY_ENV] > 0]
-    assert panics and all(s.probes[PROBE][[0, 2, 3]].sum() == 0 for s in steps)
+    panics = [s for s in steps if s.probes[PANIC_SIGNAL][FAULTY_ENV] > PANIC_NONE]
+    assert panics and all(s.probes[PANIC_SIGNAL][[0, 2, 3]].sum() == 0 for s in steps)
     rollbacks = [e for s in steps for e in s.events if e.kind == "rollback"]
     assert [e.env for e in rollbacks] == [FAULTY_ENV]
     assert "non-finite" in rollbacks[0].reason
@@ -117,6 +114,25 @@ def test_the_rollback_penalty_is_charged_to_the_restored_env(runs: tuple[tuple, 
     total = np.sum(charged, axis=0)
     assert total[FAULTY_ENV] < 0
     assert (total[[0, 2, 3]] == 0).all()
+
+
+def test_the_penalty_is_charged_to_the_transition_whose_epoch_panicked(
+    runs: tuple[tuple, tuple],
+) -> None:
+    (_, _, _), (faulty, _, steps) = runs
+    penalty = faulty.env.config.rewards.rollback_penalty
+    panicked = [s.step for s in steps if s.probes[PANIC_SIGNAL][FAULTY_ENV] > PANIC_NONE]
+    assert panicked == [FAULT_STEP]
+    charged = {s.step: s.reward_components["rollback"][FAULTY_ENV] for s in steps}
+    assert charged[FAULT_STEP] == -penalty
+    assert all(c == 0 for step, c in charged.items() if step != FAULT_STEP)
+    # The reward stored for that transition (position FAULT_STEP: nothing was dropped
+    # before it, and the restored env's few later steps write below it) carries it.
+    stored = faulty.buffer.rewards[FAULTY_ENV, FAULT_STEP]
+    assert stored.item() == pytest.approx(steps[FAULT_STEP].rewards[FAULTY_ENV])
+    assert steps[FAULT_STEP].rewards[FAULTY_ENV] == pytest.approx(
+        sum(c[FAULTY_ENV] for c in steps[FAULT_STEP].reward_components.values())
+    )
 
 
 def test_training_goes_on_after_a_rollback(runs: tuple[tuple, tuple]) -> None:

@@ -27,19 +27,21 @@ def test_rollouts_read_once_per_host_epoch_with_all_builtin_callbacks(
         n_envs=n_envs, episode_epochs=EPISODE_EPOCHS, host_kwargs={"channels": [4, 8]}
     )
     counted = count_rollout_reads(module)
+    governor = GovernorCallback()
     trainer = L.Trainer(
         max_epochs=2,
         default_root_dir=tmp_path,
         logger=TensorBoardLogger(tmp_path),
         callbacks=[
             TelemetryCallback(profile="normal"),
-            GovernorCallback(),
+            governor,
             UpdateProgressBar(),
             *default_checkpoints(),
         ],
         enable_model_summary=False,
     )
     trainer.fit(module, datamodule=small_data())
+    assert module.collector is not None and module.collector.governor is governor
     assert counted.reads == [EPISODE_EPOCHS, EPISODE_EPOCHS], "one packed read per host epoch"
     reported = [s.packed_transfers for s in counted.summaries]
     assert reported == counted.reads, "reported transfers != measured"

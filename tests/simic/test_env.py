@@ -7,6 +7,7 @@ import pytest
 
 from esper.contracts import BlendMode, LifecycleOp, SeedStage
 from esper.simic.env_config import EnvConfig
+from esper.tolaria.snapshot import HostSnapshot
 from tests.simic.envs import small_env
 
 
@@ -115,6 +116,29 @@ def test_a_fossilize_the_gate_refuses_is_reported_and_observed() -> None:
     obs, _ = env.observe()
     refused = env.layout["slot0.gate_refused"].start
     assert obs[0, refused].item() == 1.0
+
+
+def test_a_restored_host_observes_the_refusals_it_had_at_its_snapshot() -> None:
+    """Refusals live on each seed's lifecycle, so a snapshot carries them: nothing to forget."""
+    env = small_env(1, episode_epochs=12)
+    env.reset()
+    env.observe()
+    _holding(env)
+    refused = env.layout["slot0.gate_refused"].start
+    metrics = _metrics(env)
+    metrics[0, env.slot_columns("contribution")] = 0.0
+    env.apply(np.array([[LifecycleOp.ADVANCE, 0, 0, 0]]), metrics)  # refused
+    snapshot = HostSnapshot.take(env.hosts[0], env.host_epoch)
+    metrics[0, env.slot_columns("contribution")] = 1.0
+    outcome = env.apply(np.array([[LifecycleOp.ADVANCE, 0, 0, 0]]), metrics)
+    assert outcome.fossilized.tolist() == [True]
+    assert env.observe()[0][0, refused].item() == 0.0
+
+    snapshot.restore(env.hosts[0])
+
+    slot = env.hosts[0].model.slot(env.slot_ids[0])
+    assert slot.stage is SeedStage.HOLDING and "contribution" in slot.lifecycle.last_refusal
+    assert env.observe()[0][0, refused].item() == 1.0
 
 
 def test_a_seed_whose_gradients_are_not_finite_is_held_back_and_reported_once() -> None:

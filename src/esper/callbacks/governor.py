@@ -1,11 +1,19 @@
 """The governor: per-env snapshots, and a rollback of one env when its training panics.
 
-A panic (a non-finite training loss, or one more than ``sigma`` standard deviations above
-the env's recent history) is decided on the device by a :class:`PanicDetector` whose
-``[E]`` code rides in the step's packed transfer. The governor only reads that host copy:
-it asks the rollout collector to restore the panicking env from its latest snapshot, which
-drops that env's transitions since the snapshot and charges it the rollback penalty
-(``RewardConfig.rollback_penalty``). Every other env keeps all its transitions.
+Its whole policy is here: it snapshots every env at the start of each episode, every
+``snapshot_every`` host epochs and right after a fossilize, and keeps the latest snapshot
+of each env. A panic (a non-finite training loss, or one more than ``sigma`` standard
+deviations above the env's recent history) is decided on the device by the rollout's
+panic test, configured with this governor's :class:`~esper.simic.control.PanicConfig`;
+its ``[E]`` code rides in the step's packed transfer. On a panic the governor asks the
+rollout to restore that env alone from its latest snapshot (which drops that env's
+transitions since the snapshot) and charges the rollback penalty
+(``RewardConfig.rollback_penalty``) to the transition whose epoch panicked. Every other
+env keeps all its transitions.
+
+The rollout calls :meth:`GovernorCallback.steer` at each read, through the control surface
+of :mod:`esper.simic.control`; :class:`~esper.simic.module.PPOModule` registers the
+governor among the trainer's callbacks with its rollout collector.
 """
 
 from __future__ import annotations
@@ -15,16 +23,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from esper.callbacks.base import EsperCallback
-from esper.contracts.rollout import RolloutSummary, StepBatch
-from esper.simic.panic import PANIC_NONFINITE, PanicConfig, PanicDetector
+from esper.contracts.rollout import RolloutSummary
+from esper.simic.control import (
+    PANIC_NONE,
+    PANIC_NONFINITE,
+    EnvSnapshot,
+    GovernorRead,
+    PanicConfig,
+    RolloutControl,
+)
 
 if TYPE_CHECKING:
     from lightning.pytorch import LightningModule, Trainer
-
-    from esper.simic.rollout import RolloutCollector
-
-#: The name of the governor's signal in ``StepBatch.probes``.
-PROBE = "panic"
 
 
 class GovernorCallback(EsperCallback):
@@ -53,55 +63,40 @@ class GovernorCallback(EsperCallback):
         self.total_rollbacks = 0
         self.total_discarded = 0
         self.unrecoverable = 0
-        self._collector: RolloutCollector | None = None
+        #: The latest snapshot of each env in the running rollout.
+        self.snapshots: dict[int, EnvSnapshot] = {}
 
-    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        collector = getattr(pl_module, "collector", None)
-        if collector is None:
-            raise TypeError(
-                "GovernorCallback needs a module with a rollout collector "
-                f"(esper.simic.module.PPOModule), got {type(pl_module).__name__}"
-            )
-        if PROBE not in collector.probes:
-            detector = PanicDetector(self.panic, collector.env.n_envs, collector.env.device)
-            collector.add_probe(PROBE, detector)
-        self._collector = collector
-
-    def on_rollout_start(self, trainer: Trainer, pl_module: LightningModule, rollout: int) -> None:
-        collector = self._require_collector()
-        for env in range(collector.env.n_envs):
-            collector.request_snapshot(env)  # taken at the first decision
-
-    def on_env_step(self, trainer: Trainer, pl_module: LightningModule, step: StepBatch) -> None:
-        collector = self._require_collector()
-        if bool(step.done.all()):
-            return  # the episode is over: nothing left to save
-        codes = step.probes.get(PROBE)
-        panicking = np.zeros(step.n_envs, dtype=bool) if codes is None else codes > 0
-        for env in np.flatnonzero(panicking):
-            what = (
-                "non-finite training loss"
-                if codes[env] >= PANIC_NONFINITE
-                else (f"training loss above {self.panic.sigma:g} sigma of its recent history")
-            )
-            if not collector.request_rollback(int(env), f"panic: {what}"):
+    def steer(self, control: RolloutControl, read: GovernorRead) -> None:
+        """Restore and charge each panicking env, then snapshot the envs that are due."""
+        if read.step == 0:
+            # A fresh episode: nothing older to go back to, so its first epoch only
+            # gives every env its first snapshot.
+            self.snapshots = {env: control.snapshot(env) for env in range(read.n_envs)}
+            return
+        panicking = read.panic > PANIC_NONE
+        for env in map(int, np.flatnonzero(panicking)):
+            snapshot = self.snapshots.get(env)
+            if snapshot is None:
                 self.unrecoverable += 1
-        routine = (step.host_epoch + 1) % self.snapshot_every == 0
-        fossilized = {e.env for e in step.events if e.kind == "fossilized"}
-        for env in range(step.n_envs):
-            if not panicking[env] and (routine or env in fossilized):
-                collector.request_snapshot(env)
+                continue
+            control.request_restore(env, snapshot, f"panic: {self._describe(read.panic[env])}")
+            control.penalise(env)
+        routine = read.host_epoch % self.snapshot_every == 0
+        for env in range(read.n_envs):
+            if not panicking[env] and (routine or read.fossilized[env]):
+                self.snapshots[env] = control.snapshot(env)
+
+    def _describe(self, code: float) -> str:
+        if code >= PANIC_NONFINITE:
+            return "non-finite training loss"
+        return f"training loss above {self.panic.sigma:g} sigma of its recent history"
 
     def on_rollout_end(
         self, trainer: Trainer, pl_module: LightningModule, rollout: RolloutSummary
     ) -> None:
         self.total_rollbacks += int(rollout.rollbacks.sum())
         self.total_discarded += int(rollout.discarded_transitions.sum())
-
-    def _require_collector(self) -> RolloutCollector:
-        if self._collector is None:
-            raise RuntimeError("GovernorCallback was not set up: on_train_start has not run")
-        return self._collector
+        self.snapshots = {}  # host copies of an episode that is over: free their memory
 
     def state_dict(self) -> dict[str, Any]:
         return {

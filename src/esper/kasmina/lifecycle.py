@@ -108,12 +108,21 @@ class SeedLifecycle:
         self.epochs_in_stage = 0
         self.blueprint: str | None = None
         self.blend_mode: BlendMode | None = None
+        #: Why the last advance of this seed was refused; "" once one passes (or the seed
+        #: was planted or cut). The one record of refusals: the observation's
+        #: ``gate_refused`` flag reads it, and a snapshot of the host carries it, so a
+        #: restored env observes the refusals it had when the snapshot was taken.
         self.last_refusal: str = ""
 
     # ------------------------------------------------------------------ queries
     @property
     def is_live(self) -> bool:
         return self.stage in LIVE_STAGES
+
+    @property
+    def refused(self) -> bool:
+        """The last advance was refused by a gate (for another reason than time)."""
+        return bool(self.last_refusal)
 
     @property
     def alpha(self) -> float:
@@ -173,6 +182,13 @@ class SeedLifecycle:
         if target is None:
             raise IllegalTransitionError(f"no stage follows {self.stage.name} on the success path")
         return self.gate(target, signals)
+
+    def note_refusal(self, result: GateResult) -> None:
+        """Record a refusal decided outside :meth:`advance` (the env's clock asks
+        :meth:`gate_next` first, so that waiting for time is never recorded)."""
+        if result.passed:
+            raise ValueError("note_refusal() needs a refused GateResult, got a passed one")
+        self.last_refusal = result.reason
 
     def advance(self, signals: GateSignals) -> GateResult:
         """Move one step along the success path if the gate allows it.

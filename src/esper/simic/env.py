@@ -3,27 +3,26 @@
 Python owns the lifecycle (stages, which seed sits where, parameter counts); the device
 owns the numbers (losses, accuracies, contributions). The env keeps that split: its
 device-side outputs (observation, masks, metrics) are tensors the rollout loop packs into
-the step's single transfer, and it applies actions from the host-side copy it gets back.
+the step's single transfer, and it applies actions from the host-side copy it gets back
+(:mod:`esper.simic.lifecycle_ops` carries them out). The env keeps no per-slot state of its
+own: stages, clocks and gate refusals live on each seed's lifecycle, inside the host, so a
+governor's snapshot of a host is a snapshot of everything the env observes about it.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from esper.contracts import ActionSchema, BlendMode, LifecycleOp, ObservationLayout, SeedStage
+from esper.contracts import ActionSchema, ObservationLayout
 from esper.contracts.rollout import LifecycleEvent
-from esper.contracts.stages import CLOCK_STAGES, CONTRIBUTING_STAGES, COOLDOWN_PATH
-from esper.kasmina import (
-    BLUEPRINTS,
-    GrowingHost,
-)
-from esper.kasmina.lifecycle import GateSignals
+from esper.contracts.stages import CONTRIBUTING_STAGES, COOLDOWN_PATH
+from esper.kasmina import BLUEPRINTS, GrowingHost
 from esper.simic.env_config import EnvConfig, blueprint_names, build_host
+from esper.simic.lifecycle_ops import OpApplier, StepOutcome, lifecycle_event
 from esper.simic.rewards import REWARDS, RewardFn, RewardInputs
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.features import EnvState, ObservationBuilder, SlotState
@@ -31,24 +30,11 @@ from esper.tamiyo.masks import MaskBuilder
 from esper.tolaria.data.base import HostDataModule
 from esper.tolaria.epoch import EpochResult, run_epoch
 
-#: Seed-initialisation generator keys are taken modulo this (torch seeds are 64-bit).
-SEED_KEY_MODULUS = 2**63
+__all__ = ["HostDataError", "MorphogeneticVecEnv", "StepOutcome"]
 
 
 class HostDataError(RuntimeError):
     """The host data pipeline failed (e.g. a DataLoader worker died)."""
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    """What applying one step's actions did, per env (host-side arrays ``[E]``)."""
-
-    applied: np.ndarray
-    refused: np.ndarray
-    illegal: np.ndarray
-    germinated: np.ndarray
-    fossilized: np.ndarray
-    pruned: np.ndarray
 
 
 class MorphogeneticVecEnv:
@@ -87,6 +73,7 @@ class MorphogeneticVecEnv:
         )
         self.reward_fn: RewardFn = REWARDS.get(config.reward)
         self._bp_index = {n: i for i, n in enumerate(names)}
+        self._ops = OpApplier(self.slot_ids, names, self.blend_modes, self.masks)
         # Built once: the train loader's generator then advances, so epochs differ in order.
         self._train_loader = datamodule.host_train_dataloader()
         self._val_loader = datamodule.host_val_dataloader()
@@ -96,7 +83,6 @@ class MorphogeneticVecEnv:
         self.result: EpochResult | None = None
         self._prev_val_acc = torch.zeros(config.n_envs, device=self.device)
         self._best_val_acc = torch.zeros(config.n_envs, device=self.device)
-        self._refused = np.zeros((config.n_envs, len(self.slot_ids)), dtype=bool)
         self._mask_arrays: dict[str, np.ndarray] = {}
         self._events: list[LifecycleEvent] = []
         self.episode_seed = 0
@@ -163,7 +149,6 @@ class MorphogeneticVecEnv:
             for model, device in zip(models, self.host_devices, strict=True)
         ]
         self.host_epoch = 0
-        self._refused[:] = False
         self._prev_val_acc.zero_()
         self._best_val_acc.zero_()
         self.result = None
@@ -213,7 +198,9 @@ class MorphogeneticVecEnv:
         for e, host in enumerate(self.hosts):
             for slot_id, stage in host.end_epoch().items():
                 before = COOLDOWN_PATH[COOLDOWN_PATH.index(stage) - 1]
-                self._event("cooldown", e, slot_id, before, stage)
+                self._events.append(
+                    lifecycle_event("cooldown", e, host, slot_id, before, stage, self.host_epoch)
+                )
         return result
 
     def observe(self) -> tuple[Tensor, ActionMasks]:
@@ -223,9 +210,9 @@ class MorphogeneticVecEnv:
             EnvState(
                 host_epoch=self.host_epoch,
                 seed_params=host.model.seed_param_count(),
-                slots=[self._slot_state(host, e, s) for s, _ in enumerate(self.slot_ids)],
+                slots=[self._slot_state(host, s) for s in range(self.n_slots)],
             )
-            for e, host in enumerate(self.hosts)
+            for host in self.hosts
         ]
         obs = self.observations.build(self.result, self._prev_val_acc, self._best_val_acc, envs)
         stages = self.stages()
@@ -235,7 +222,7 @@ class MorphogeneticVecEnv:
         masks = self.masks.build(stages, seed_params, epochs, self.device)
         return obs, masks
 
-    def _slot_state(self, host: GrowingHost, env: int, s: int) -> SlotState:
+    def _slot_state(self, host: GrowingHost, s: int) -> SlotState:
         slot = host.model.slot(self.slot_ids[s])
         bp = slot.lifecycle.blueprint
         return SlotState(
@@ -243,7 +230,7 @@ class MorphogeneticVecEnv:
             epochs_in_stage=slot.lifecycle.epochs_in_stage,
             alpha=slot.alpha,
             blueprint_index=self._bp_index.get(bp) if bp is not None else None,
-            gate_refused=bool(self._refused[env, s]),
+            gate_refused=slot.lifecycle.refused,
         )
 
     @property
@@ -308,125 +295,18 @@ class MorphogeneticVecEnv:
         Envs where ``active`` is False (just rolled back by the governor) are skipped: their
         action was chosen from a state that no longer exists.
         """
-        n = self.n_envs
-        out = {k: np.zeros(n, dtype=bool) for k in StepOutcome.__dataclass_fields__}
-        contribution = metrics[:, self.slot_columns("contribution")]
-        grads_finite = metrics[:, self.slot_columns("grads_finite")] > 0.5
-        for e, host in enumerate(self.hosts):
-            if active is not None and not active[e]:
-                continue
-            self._apply_one(e, host, actions[e], contribution[e], grads_finite[e], out)
-            self._advance_on_clock(e, host, grads_finite[e], just_planted=out["germinated"][e])
-        return StepOutcome(**out)
-
-    def _advance_on_clock(
-        self, e: int, host: GrowingHost, grads_finite: np.ndarray, just_planted: bool
-    ) -> None:
-        """Move env ``e``'s seeds on from the stages that only wait for time.
-
-        GERMINATED -> TRAINING -> BLENDING -> HOLDING need no judgement, only epochs and
-        finite gradients, so they happen here as soon as their gate passes and are never
-        the policy's decision. A refusal for another reason than time (gradients not
-        finite) is reported like any other; waiting is not. A seed planted this step keeps
-        its GERMINATED epoch.
-        """
-        for s, slot_id in enumerate(self.slot_ids):
-            slot = host.model.slot(slot_id)
-            if slot.stage not in CLOCK_STAGES or (
-                just_planted and slot.stage is SeedStage.GERMINATED
-            ):
-                continue
-            signals = GateSignals(grads_finite=bool(grads_finite[s]))
-            result = slot.lifecycle.gate_next(signals)
-            if result.waiting:
-                continue
-            before = slot.stage
-            if result.passed:
-                host.advance(slot_id, signals)
-                self._refused[e, s] = False
-                self._event("advanced", e, slot_id, before, slot.stage, reason="clock")
-            elif not self._refused[e, s]:
-                self._refused[e, s] = True
-                self._event("refused", e, slot_id, before, before, reason=result.reason)
-
-    def _apply_one(
-        self,
-        e: int,
-        host: GrowingHost,
-        action: np.ndarray,
-        contribution: np.ndarray,
-        grads_finite: np.ndarray,
-        out: dict[str, np.ndarray],
-    ) -> None:
-        """Carry out env ``e``'s chosen op, recording what it did in ``out``."""
-        op, s, bp, blend = (int(a) for a in action)
-        if not self.masks.is_legal(self._mask_arrays, e, action):
-            out["illegal"][e] = True
-            return
-        if op == LifecycleOp.WAIT:
-            return
-        slot_id = self.slot_ids[s]
-        slot = host.model.slot(slot_id)
-        before = slot.stage
-        if op == LifecycleOp.GERMINATE:
-            name = self.blueprint_names[bp]
-            # A generator per (env, epoch, slot): one env's choices never shift the
-            # random numbers another env's seeds are initialised with.
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(self._seed_rng_key(e, s))
-                host.germinate(slot_id, name, BlendMode(self.blend_modes[blend]))
-            out["germinated"][e] = out["applied"][e] = True
-            self._refused[e, s] = False
-            self._event("germinated", e, slot_id, before, slot.stage, blueprint=name)
-        elif op == LifecycleOp.ADVANCE:
-            signals = GateSignals(
-                grads_finite=bool(grads_finite[s]),
-                contribution=float(contribution[s]),
-            )
-            result = host.advance(slot_id, signals)
-            self._refused[e, s] = not result.passed
-            out["refused"][e] = not result.passed
-            out["applied"][e] = result.passed
-            out["fossilized"][e] = result.passed and slot.stage is SeedStage.FOSSILIZED
-            if result.passed:
-                self._event("advanced", e, slot_id, before, slot.stage)
-                if out["fossilized"][e]:
-                    self._event("fossilized", e, slot_id, before, slot.stage)
-            else:
-                self._event("refused", e, slot_id, before, before, reason=result.reason)
-        elif op == LifecycleOp.PRUNE:
-            blueprint = slot.lifecycle.blueprint or ""
-            host.prune(slot_id)
-            out["pruned"][e] = out["applied"][e] = True
-            self._refused[e, s] = False
-            self._event("pruned", e, slot_id, before, slot.stage, blueprint=blueprint)
-
-    def _seed_rng_key(self, env: int, slot: int) -> int:
-        return hash((self.episode_seed, env, self.host_epoch, slot)) % SEED_KEY_MODULUS
-
-    def _event(
-        self,
-        kind: str,
-        env: int,
-        slot_id: str,
-        stage_from: SeedStage,
-        stage_to: SeedStage,
-        blueprint: str = "",
-        reason: str = "",
-    ) -> None:
-        slot = self.hosts[env].model.slot(slot_id)
-        self._events.append(
-            LifecycleEvent(
-                kind=kind,
-                env=env,
-                slot=slot_id,
-                stage_from=stage_from.name,
-                stage_to=stage_to.name,
-                blueprint=blueprint or (slot.lifecycle.blueprint or ""),
-                reason=reason,
-                host_epoch=self.host_epoch,
-            )
+        outcome, events = self._ops.apply(
+            self.hosts,
+            actions,
+            contribution=metrics[:, self.slot_columns("contribution")],
+            grads_finite=metrics[:, self.slot_columns("grads_finite")] > 0.5,
+            mask_arrays=self._mask_arrays,
+            active=active,
+            host_epoch=self.host_epoch,
+            episode_seed=self.episode_seed,
         )
+        self._events.extend(events)
+        return outcome
 
     def record(self, event: LifecycleEvent) -> None:
         """Add an event raised outside the env (the governor's), in order."""
@@ -440,9 +320,6 @@ class MorphogeneticVecEnv:
     def mask_rates(self) -> dict[str, float]:
         """Per head, the fraction of its choices the current masks allow (host-side)."""
         return {name: float(m.mean()) for name, m in self._mask_arrays.items()}
-
-    def forget_refusals(self, env: int) -> None:
-        self._refused[env] = False
 
     # ------------------------------------------------------------------ rewards
     def rewards(

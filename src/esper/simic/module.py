@@ -26,6 +26,7 @@ from esper.contracts import ActionSchema, BlendMode
 from esper.contracts.rollout import RolloutSummary, StepBatch
 from esper.kasmina import LifecycleConfig, OptimConfig
 from esper.simic.buffer import RolloutBuffer
+from esper.simic.control import Governor
 from esper.simic.env import MorphogeneticVecEnv
 from esper.simic.env_config import EnvConfig
 from esper.simic.normalizer import NormalizerConfig, RunningObsNormalizer
@@ -316,6 +317,7 @@ class PPOModule(LightningModule):
             compile=self.env_config.compile,
         )
         self.collector.seed_stride, self.collector.seed_offset = world, rank
+        self.collector.set_governor(self._governor())
         if world > 1:
             self.collector.reduce_sum = self._all_reduce_sum
         self._generator.manual_seed(int(torch.initial_seed()) % (2**63))
@@ -399,6 +401,14 @@ class PPOModule(LightningModule):
 
     def _all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return self.trainer.strategy.reduce(tensor, reduce_op="sum")
+
+    def _governor(self) -> Governor | None:
+        """The trainer's governor callback (at most one), which steers every rollout."""
+        found = [cb for cb in self.trainer.callbacks if isinstance(cb, Governor)]
+        if len(found) > 1:
+            names = ", ".join(type(cb).__name__ for cb in found)
+            raise ValueError(f"at most one governor callback may steer the rollout, got {names}")
+        return found[0] if found else None
 
     def _esper_callbacks(self) -> list[EsperCallback]:
         return [cb for cb in self.trainer.callbacks if isinstance(cb, EsperCallback)]

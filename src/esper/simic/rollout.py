@@ -2,11 +2,16 @@
 
 Per host epoch (DESIGN, "One environment step"): the envs train (``run_epoch``), the
 observation and masks are built on the device, the policy acts for all envs in one
-forward, and a single packed tensor (actions, log-probs, values, host metrics, probe
-signals) comes back to the host. Python then closes the previous transition (prices it,
-stores the reward, hands a host-side :class:`StepBatch` to the step hook), carries out any
-snapshot or rollback the governor asked for, and applies the actions. Nothing else reads
-the device.
+forward, and a single packed tensor (actions, log-probs, values, host metrics, the panic
+signal) comes back to the host. Python then lets the governor steer, closes the previous
+transition (prices it, stores the reward, hands a host-side :class:`StepBatch` to the step
+hook), carries out any restore the governor asked for, and applies the actions. Nothing
+else reads the device.
+
+A governor (:class:`~esper.simic.control.Governor`, e.g. ``esper.callbacks.GovernorCallback``)
+owns its policy and its snapshots; this loop carries out what it asks through the control
+surface of :mod:`esper.simic.control`: :meth:`RolloutCollector.snapshot`,
+:meth:`~RolloutCollector.request_restore` and :meth:`~RolloutCollector.penalise`.
 
 The reward of the decision taken after epoch ``t`` is known only after epoch ``t + 1``,
 so each read also closes the previous transition; the episode's last read carries the
@@ -27,13 +32,13 @@ from torch import Tensor
 from esper.contracts.actions import N_HEADS
 from esper.contracts.rollout import LifecycleEvent, RolloutSummary, StepBatch
 from esper.simic.buffer import RolloutBuffer
+from esper.simic.control import PANIC_SIGNAL, EnvSnapshot, Governor, GovernorRead, PanicDetector
 from esper.simic.env import MorphogeneticVecEnv, StepOutcome
 from esper.simic.normalizer import RunningObsNormalizer
 from esper.simic.ppo import PPOBatch
 from esper.simic.rewards import total
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.policy import ActResult, LSTMState
-from esper.tolaria.epoch import EpochResult
 from esper.tolaria.snapshot import HostSnapshot
 
 StepHook = Callable[[StepBatch], None]
@@ -49,16 +54,6 @@ class Controller(Protocol):
     ) -> ActResult: ...
 
     def value(self, obs: Tensor, hidden: LSTMState) -> Tensor: ...
-
-
-class Probe(Protocol):
-    """A device-side ``[E]`` signal computed from each epoch and read in the packed transfer.
-
-    ``reset()`` is called at the start of each rollout, ``forget(env)`` when that env is
-    restored from a snapshot (both optional).
-    """
-
-    def __call__(self, result: EpochResult) -> Tensor: ...
 
 
 def read_packed(packed: Tensor) -> np.ndarray:
@@ -81,15 +76,6 @@ class _Pending:
     legal_ops: np.ndarray
     mask_rates: dict[str, float]
     active: np.ndarray
-
-
-@dataclass(frozen=True)
-class EnvSnapshot:
-    """One env's host at a decision step, and where its transitions stood in the buffer."""
-
-    host: HostSnapshot
-    position: int
-    step: int
 
 
 class RolloutCollector:
@@ -118,7 +104,6 @@ class RolloutCollector:
         self.gae_lambda = gae_lambda
         #: The controller's act, through torch.compile when asked (one graph for all envs).
         self._act = torch.compile(policy.act) if compile else policy.act
-        self.probes: dict[str, Probe] = {}
         #: Under data parallelism, an all-reduce (sum) over ranks for the normaliser's
         #: per-rollout statistics; None on one process.
         self.reduce_sum: Callable[[Tensor], Tensor] | None = None
@@ -126,35 +111,60 @@ class RolloutCollector:
         #: their env groups plant seeds from distinct generators.
         self.seed_stride = 1
         self.seed_offset = 0
-        self.snapshots: dict[int, EnvSnapshot] = {}
-        self._snapshot_requests: set[int] = set()
-        self._rollback_requests: dict[int, str] = {}
-        self._penalty_due = np.zeros(env.n_envs, dtype=bool)
+        self.governor: Governor | None = None
+        self._detector: PanicDetector | None = None
+        self._restores: dict[int, EnvSnapshot] = {}
+        self._charged = np.zeros(env.n_envs, dtype=bool)
+        self._steering = False
+        self._rollout = self._step = 0
         self._rollbacks = np.zeros(env.n_envs, dtype=np.int64)
         self._discarded = np.zeros(env.n_envs, dtype=np.int64)
 
-    # ------------------------------------------------------------- governor API
-    def add_probe(self, name: str, probe: Probe) -> None:
-        """Ride ``probe``'s ``[E]`` signal along in every packed read, as ``StepBatch.probes``."""
-        if name in self.probes:
-            raise ValueError(f"a probe named {name!r} is already installed")
-        self.probes[name] = probe
+    # ----------------------------------------------------------- control surface
+    def set_governor(self, governor: Governor | None) -> None:
+        """Let ``governor`` steer every rollout from now on (None: none does)."""
+        self.governor = governor
+        env = self.env
+        self._detector = (
+            None if governor is None else PanicDetector(governor.panic, env.n_envs, env.device)
+        )
 
-    def request_snapshot(self, env: int) -> None:
-        """Snapshot ``env`` before the next actions are applied."""
+    def snapshot(self, env: int) -> EnvSnapshot:
+        """A copy of ``env``'s host as it is now (device-to-device), to restore it later."""
         self._check_env(env)
-        self._snapshot_requests.add(env)
+        e = self.env
+        host = HostSnapshot.take(e.hosts[env], e.host_epoch)
+        e.record(LifecycleEvent(kind="snapshot", env=env, host_epoch=e.host_epoch))
+        return EnvSnapshot(host, self.buffer.pos[env], self._step, self._rollout)
 
-    def request_rollback(self, env: int, reason: str) -> bool:
-        """Restore ``env`` from its latest snapshot before the next actions are applied.
+    def request_restore(self, env: int, snapshot: EnvSnapshot, reason: str) -> None:
+        """Restore ``env`` from ``snapshot`` (of this rollout) before the next actions.
 
-        Returns False (and does nothing) when the env has no snapshot in this rollout.
+        That env alone drops its transitions since the snapshot, resumes the policy state
+        it had there, forgets its panic history and sits out this decision (its action
+        was chosen from a state that no longer exists).
         """
         self._check_env(env)
-        if env not in self.snapshots:
-            return False
-        self._rollback_requests[env] = reason
-        return True
+        if snapshot.rollout != self._rollout or env in self._restores:
+            raise ValueError(
+                f"env {env}: a restore needs a snapshot of this rollout ({self._rollout}, "
+                f"got {snapshot.rollout}) and at most one request per read"
+            )
+        self._restores[env] = snapshot
+        reason = f"{reason}; restored the snapshot of step {snapshot.step}"
+        e = self.env
+        e.record(LifecycleEvent(kind="rollback", env=env, reason=reason, host_epoch=e.host_epoch))
+
+    def penalise(self, env: int) -> None:
+        """Charge ``env`` the rollback penalty on the transition this read closes: the one
+        whose epoch the governor judged (none where the env sat that decision out).
+
+        Only from :meth:`Governor.steer`, before that transition is priced.
+        """
+        self._check_env(env)
+        if not self._steering:
+            raise RuntimeError("penalise() is only valid inside Governor.steer()")
+        self._charged[env] = True
 
     def _check_env(self, env: int) -> None:
         if not 0 <= env < self.env.n_envs:
@@ -169,13 +179,12 @@ class RolloutCollector:
         device = env.device
         started = time.perf_counter()
         buffer.reset()
-        self.snapshots.clear()
-        self._rollback_requests.clear()
-        self._penalty_due[:] = False
+        self._restores.clear()
+        self._rollout = rollout
         self._rollbacks[:] = 0
         self._discarded[:] = 0
-        for probe in self.probes.values():
-            getattr(probe, "reset", lambda: None)()
+        if self._detector is not None:
+            self._detector.reset()
         training_s = time.perf_counter()
         env.reset(episode_seed=rollout * self.seed_stride + self.seed_offset)
         training_s = time.perf_counter() - training_s
@@ -200,7 +209,7 @@ class RolloutCollector:
                         act.log_prob[:, None].float(),
                         act.value[:, None].float(),
                         env.metrics(),
-                        self._probe_columns(),
+                        self._panic_column(),
                     ],
                     dim=1,
                 )
@@ -209,10 +218,11 @@ class RolloutCollector:
                 actions = host[:, :N_HEADS].astype(np.int64)
                 metrics = host[:, N_HEADS + 2 : N_HEADS + 2 + n_metrics]
                 probes = host[:, N_HEADS + 2 + n_metrics :]
+                self._steer(t, probes, pending)
                 if pending is not None:
                     returns += self._close(pending, metrics, probes, False, rollout, on_step)
                 hidden = act.hidden
-                active, hidden = self._carry_out_requests(t, hidden)
+                active, hidden = self._carry_out_restores(hidden)
                 outcome = env.apply(actions, metrics, active)
                 for k in counts:
                     counts[k] += getattr(outcome, k)
@@ -248,19 +258,19 @@ class RolloutCollector:
             raw_obs, _ = env.observe()
             bootstrap = policy.value(self.normalizer(raw_obs), hidden)
             host = read_packed(
-                torch.cat([bootstrap[:, None].float(), env.metrics(), self._probe_columns()], dim=1)
+                torch.cat([bootstrap[:, None].float(), env.metrics(), self._panic_column()], dim=1)
             )
             transfers += 1
             assert pending is not None
             final = host[:, 1 : 1 + n_metrics]
             probes = host[:, 1 + n_metrics :]
+            self._charged[:] = False  # the last read: no restore, nothing to charge
             returns += self._close(pending, final, probes, True, rollout, on_step)
             batch = buffer.finish(bootstrap, self.gamma, self.gae_lambda)
             self.normalizer.update(
                 buffer.raw_obs.flatten(0, 1), buffer.valid.flatten(), reduce_sum=self.reduce_sum
             )
-        self._snapshot_requests.clear()
-        self._rollback_requests.clear()
+        self._restores.clear()
         elapsed = time.perf_counter() - started
         summary = RolloutSummary(
             rollout=rollout,
@@ -279,53 +289,49 @@ class RolloutCollector:
         )
         return batch, summary
 
-    def _probe_columns(self) -> Tensor:
-        """``[E, P]`` probe signals of the epoch just trained (``[E, 0]`` with none)."""
+    def _panic_column(self) -> Tensor:
+        """``[E, 1]`` panic code of the epoch just trained (``[E, 0]`` with no governor)."""
         result = self.env.result
         assert result is not None
-        if not self.probes:
+        if self._detector is None:
             return result.val_acc.new_zeros(self.env.n_envs, 0)
-        return torch.stack([p(result).float() for p in self.probes.values()], dim=1)
+        return self._detector(result).float()[:, None]
 
-    # ---------------------------------------------------------- snapshots, rollbacks
-    def _carry_out_requests(self, step: int, hidden: LSTMState) -> tuple[np.ndarray, LSTMState]:
-        """Restore the envs the governor asked to roll back, then take requested snapshots.
+    # ------------------------------------------------------------- governor
+    def _steer(self, step: int, signals: np.ndarray, pending: _Pending | None) -> None:
+        """Let the governor act on this read before the transition it closes is priced."""
+        self._charged[:] = False
+        self._step = step
+        if self.governor is None:
+            return
+        n = self.env.n_envs
+        fossilized = np.zeros(n, dtype=bool) if pending is None else pending.outcome.fossilized
+        read = GovernorRead(step, self.env.host_epoch, signals[:, 0], fossilized)
+        self._steering = True
+        try:
+            self.governor.steer(self, read)
+        finally:
+            self._steering = False
 
-        Returns which envs act this step (rolled-back ones do not: their action came from
-        a state that no longer exists) and the LSTM state to carry on with, where each
-        rolled-back env resumes from the state stored at its snapshot's position.
+    def _carry_out_restores(self, hidden: LSTMState) -> tuple[np.ndarray, LSTMState]:
+        """Restore the envs the governor asked for; which envs act now, and the LSTM state.
+
+        Restored envs do not act this step, and each resumes from the policy state stored
+        at its snapshot's position. Their refusal flags come back with the host: they live
+        on each seed's lifecycle.
         """
         env, buffer = self.env, self.buffer
         active = np.ones(env.n_envs, dtype=bool)
-        for e, reason in sorted(self._rollback_requests.items()):
-            snap = self.snapshots[e]
+        for e, snap in sorted(self._restores.items()):
             snap.host.restore(env.hosts[e])
-            env.forget_refusals(e)
             self._discarded[e] += buffer.invalidate(e, snap.position)
             self._rollbacks[e] += 1
-            self._penalty_due[e] = True
             active[e] = False
             h, c = buffer.hidden_at(e, snap.position)
             hidden = (_set_env(hidden[0], e, h), _set_env(hidden[1], e, c))
-            for probe in self.probes.values():
-                getattr(probe, "forget", lambda _e: None)(e)
-            env.record(
-                LifecycleEvent(
-                    kind="rollback",
-                    env=e,
-                    reason=f"{reason}; restored the snapshot of step {snap.step}",
-                    host_epoch=env.host_epoch,
-                )
-            )
-        self._rollback_requests.clear()
-        for e in sorted(self._snapshot_requests):
-            if not active[e]:
-                continue
-            self.snapshots[e] = EnvSnapshot(
-                HostSnapshot.take(env.hosts[e], env.host_epoch), buffer.pos[e], step
-            )
-            env.record(LifecycleEvent(kind="snapshot", env=e, host_epoch=env.host_epoch))
-        self._snapshot_requests.clear()
+            if self._detector is not None:
+                self._detector.forget(e)
+        self._restores.clear()
         return active, hidden
 
     # ------------------------------------------------------------------ pricing
@@ -340,9 +346,8 @@ class RolloutCollector:
     ) -> np.ndarray:
         """Price ``pending`` with the metrics of the epoch after it; store and report it."""
         env = self.env
-        penalised = self._penalty_due & pending.active
+        penalised = self._charged & pending.active
         components = env.rewards(pending.metrics, after, pending.outcome, terminal, penalised)
-        self._penalty_due &= ~pending.active
         components = {k: np.where(pending.active, v, 0.0) for k, v in components.items()}
         rewards = total(components)
         self.buffer.set_rewards(pending.positions, torch.from_numpy(rewards), terminal)
@@ -373,7 +378,7 @@ class RolloutCollector:
                     stages=env.stages(),
                     events=env.drain_events(),
                     mask_rates=pending.mask_rates,
-                    probes={name: probes[:, i] for i, name in enumerate(self.probes)},
+                    probes={} if self._detector is None else {PANIC_SIGNAL: probes[:, 0]},
                     active=pending.active,
                 )
             )

@@ -1,9 +1,10 @@
 """Snapshots of one env's growing host, for the governor's per-env rollback.
 
 A snapshot must capture the model (host weights, every slot's seed and lifecycle state,
-BatchNorm statistics) and the optimizers (momentum buffers) *together*: restoring weights
-without momentum, or a seed without its optimizer, would resume a different run. One
-``deepcopy`` of all three keeps the optimizers pointing at the copied parameters.
+gate refusals included, BatchNorm statistics) and the optimizers (momentum buffers)
+*together*: restoring weights without momentum, or a seed without its optimizer, would
+resume a different run. One ``deepcopy`` of all three keeps the optimizers pointing at the
+copied parameters.
 
 Copies stay on the env's device (device-to-device, no host read); restoring swaps the
 copied objects in, so a seed planted or pruned since the snapshot is undone as well.

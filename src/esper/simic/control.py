@@ -1,19 +1,33 @@
-"""The governor's panic signal, computed on the device from each epoch's losses.
+"""The governor's control surface on the rollout: the panic signal it reads, what it may ask.
 
-An env panics when its training loss is not finite, or when it rises more than ``k``
-standard deviations above that env's recent history. The test runs on the device for all
-envs at once; its ``[E]`` result rides in the step's packed transfer, so the governor
-decides on host values without an extra read.
+The rollout loop (:class:`~esper.simic.rollout.RolloutCollector`) owns the mechanics; a
+:class:`Governor` (``esper.callbacks.GovernorCallback``) owns the policy (when to snapshot,
+when to restore, whom to charge) and keeps its snapshots. Between them sits this surface:
+
+* the **panic signal**: an env panics when its training loss is not finite, or rises more
+  than ``sigma`` standard deviations above that env's recent history. A
+  :class:`PanicDetector` tests all envs at once on the device with the governor's
+  :class:`PanicConfig`; its ``[E]`` code rides in the step's packed transfer, so the
+  governor reads it host-side (:class:`GovernorRead`, ``StepBatch.probes["panic"]``)
+  without an extra read;
+* :class:`RolloutControl`: ``snapshot(env)``, ``request_restore(env, snapshot, reason)``
+  and ``penalise(env)``, each about one env only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from esper.tolaria.epoch import EpochResult
+from esper.tolaria.snapshot import HostSnapshot
+
+#: The name of the panic signal in ``StepBatch.probes``.
+PANIC_SIGNAL = "panic"
 
 #: Codes of the detector's ``[E]`` signal.
 PANIC_NONE = 0.0
@@ -102,3 +116,64 @@ class PanicDetector:
                 spike, torch.full_like(loss, PANIC_SPIKE), torch.full_like(loss, PANIC_NONE)
             ),
         )
+
+
+@dataclass(frozen=True)
+class EnvSnapshot:
+    """One env's host at a decision step of a rollout, and where its transitions stood."""
+
+    host: HostSnapshot
+    position: int
+    step: int
+    rollout: int
+
+
+@dataclass(frozen=True)
+class GovernorRead:
+    """What the governor learns at a read, all host-side (it came in the packed transfer).
+
+    ``step``: the decision about to be taken (the read closes decision ``step - 1``);
+    ``host_epoch``: host epochs trained; ``panic``: ``[E]`` ``PANIC_*`` code of the epoch
+    just trained; ``fossilized``: ``[E]`` bool, decision ``step - 1`` fossilized a seed.
+    """
+
+    step: int
+    host_epoch: int
+    panic: np.ndarray
+    fossilized: np.ndarray
+
+    @property
+    def n_envs(self) -> int:
+        return int(self.panic.shape[0])
+
+
+class RolloutControl(Protocol):
+    """What a governor may ask of the rollout, one env at a time."""
+
+    def snapshot(self, env: int) -> EnvSnapshot:
+        """A copy of ``env``'s host as it is now (device-to-device), to restore it later."""
+        ...
+
+    def request_restore(self, env: int, snapshot: EnvSnapshot, reason: str) -> None:
+        """Restore ``env`` from ``snapshot`` before the next actions; it drops that env's
+        transitions since the snapshot and nothing of any other env."""
+        ...
+
+    def penalise(self, env: int) -> None:
+        """Charge ``env`` the rollback penalty on the transition this read closes."""
+        ...
+
+
+@runtime_checkable
+class Governor(Protocol):
+    """Steers the rollout per env: when to snapshot, when to restore, whom to charge.
+
+    ``panic`` configures the panic test the rollout runs on the device for it. ``steer``
+    runs at every read but the episode's last (nothing is left to save then), after the
+    read and before the transition it closes is priced, so a penalty lands on the very
+    transition whose epoch panicked.
+    """
+
+    panic: PanicConfig
+
+    def steer(self, control: RolloutControl, read: GovernorRead) -> None: ...
