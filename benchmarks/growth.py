@@ -1,7 +1,7 @@
 """Can growth pay? Paired episodes of no growth against controllers that grow, no learning.
 
 Every controller runs the same ``--episodes`` fresh hosts (same initial weights, data
-order and seed initialisations: ``esper.simic.evaluate.run_episodes`` pairs them), on
+order and seed initialisations: ``esper.simic.episodes.run_episodes`` pairs them), on
 the default data and host unless told otherwise. For each controller it prints the
 final validation accuracy (mean ± std over episodes), the mean difference to no growth
 with its standard error over the paired episodes, seeds fossilized, parameters added,
@@ -28,7 +28,7 @@ import torch
 
 from esper.kasmina import OptimConfig
 from esper.simic.env_config import EnvConfig
-from esper.simic.evaluate import baseline_controller, run_episodes
+from esper.simic.episodes import baseline_controller, run_episodes
 from esper.simic.module import PPOModule
 from esper.tolaria.data import DATAMODULES
 
@@ -97,7 +97,7 @@ def main() -> None:
         runs[name] = run_episodes(
             config,
             data,
-            lambda env, name=name: baseline_controller(name, env, normalizer=None),
+            lambda env, name=name: baseline_controller(name, env),
             None,  # the baselines decide on raw features
             episodes=args.episodes,
             seed=args.seed,

@@ -7,9 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from esper.cli import main
+from esper.simic.env import MorphogeneticVecEnv
 from esper.simic.evaluate import CONTROLLERS, evaluate, standard_error_of_difference
+from esper.tamiyo.action_masks import ActionMasks
+from esper.tamiyo.heuristic import HeuristicController
+from esper.tamiyo.policy import PolicyNetwork
 from tests.test_cli import TINY_CONFIG
 
 EPISODES = 3
@@ -88,6 +93,38 @@ def test_a_sampled_policy_repeats_its_episodes_and_keeps_them_paired(checkpoint:
     assert first["learned"].seeds_germinated_mean == again["learned"].seeds_germinated_mean
     hosts = {name: groups[0][0].val_acc.tolist() for name, groups in runs[0].steps.items()}
     assert hosts["learned"] == hosts["no_growth"]  # the same initial hosts as the reference
+
+
+@pytest.mark.slow
+def test_the_heuristic_acts_on_raw_observations_and_the_policy_on_normalised_ones(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    raw: list[torch.Tensor] = []
+    seen: dict[str, list[torch.Tensor]] = {"heuristic": [], "learned": []}
+    observe = MorphogeneticVecEnv.observe
+
+    def recording_observe(env: MorphogeneticVecEnv) -> tuple[torch.Tensor, ActionMasks]:
+        obs, masks = observe(env)
+        raw.append(obs.clone())
+        return obs, masks
+
+    def recording(cls: type, name: str) -> None:
+        act = cls.act
+        monkeypatch.setattr(
+            cls, "act", lambda self, obs, *a, **k: seen[name].append(obs) or act(self, obs, *a, **k)
+        )
+
+    monkeypatch.setattr(MorphogeneticVecEnv, "observe", recording_observe)
+    recording(HeuristicController, "heuristic")
+    recording(PolicyNetwork, "learned")
+    for name in ("heuristic", "learned"):
+        raw.clear()
+        evaluate(checkpoint, episodes=1, controllers=(name,))
+        acted_on = raw[:-1]  # the last observation only bootstraps the critic
+        assert len(seen[name]) == len(acted_on) > 0
+        same = [torch.equal(a, b) for a, b in zip(seen[name], acted_on, strict=True)]
+        # The checkpoint's normaliser is fitted: the policy never sees a raw observation.
+        assert all(same) if name == "heuristic" else not any(same)
 
 
 def test_paired_difference_has_a_standard_error() -> None:

@@ -1,4 +1,4 @@
-"""compute_gae and both of its solvers against a plain per-env, per-step reference."""
+"""compute_gae, its tensor-ops solver and its input checks against a per-env, per-step reference."""
 
 from __future__ import annotations
 
@@ -98,13 +98,6 @@ def test_matches_per_env_per_step_reference_with_terminations_and_truncations(
     torch.testing.assert_close(ret, torch.tensor(ref_ret, dtype=ret.dtype), atol=TOL, rtol=0)
 
 
-SOLVERS = {
-    "discount_matrices": gae._gae_by_discount_matrices,
-    "chunks": gae._gae_by_chunks,
-}
-
-
-@pytest.mark.parametrize("solver", SOLVERS)
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(
     n_envs=st.integers(1, 6),
@@ -115,8 +108,7 @@ SOLVERS = {
     p_stop=st.sampled_from([0.0, 0.05, 0.3, 1.0]),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_each_solver_matches_the_reference_for_any_length(
-    solver: str,
+def test_the_chunked_sweep_matches_the_reference_for_any_length(
     n_envs: int,
     n_steps: int,
     gamma: float,
@@ -125,7 +117,7 @@ def test_each_solver_matches_the_reference_for_any_length(
     seed: int,
 ) -> None:
     batch = make_batch(n_envs, n_steps, seed, p_stop, p_stop)
-    adv, ret = SOLVERS[solver](**batch, gamma=gamma, gae_lambda=gae_lambda)
+    adv, ret = gae._gae_by_chunks(**batch, gamma=gamma, gae_lambda=gae_lambda)
     ref_adv, ref_ret = reference_gae(**as_lists(batch), gamma=gamma, gae_lambda=gae_lambda)
     torch.testing.assert_close(adv, torch.tensor(ref_adv, dtype=adv.dtype), atol=TOL, rtol=0)
     torch.testing.assert_close(ret, torch.tensor(ref_ret, dtype=ret.dtype), atol=TOL, rtol=0)
@@ -149,31 +141,15 @@ def test_float32_at_benchmark_shapes_is_within_1e_5_of_the_reference(
     torch.testing.assert_close(ret.double(), ref_ret, atol=1e-5, rtol=0)
 
 
-def test_tensor_ops_use_discount_matrices_for_small_problems_and_chunks_for_large(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    used: list[str] = []
-    for name, solver in SOLVERS.items():
-        monkeypatch.setattr(
-            gae,
-            f"_gae_by_{name}",
-            lambda *a, _n=name, _s=solver, **k: used.append(_n) or _s(*a, **k),
-        )
-    compute_gae(**make_batch(4, 25, seed=0), gamma=0.99, gae_lambda=0.95, backend="torch")
-    compute_gae(**make_batch(64, 150, seed=0), gamma=0.99, gae_lambda=0.95, backend="torch")
-    assert used == ["discount_matrices", "chunks"]
-
-
 def test_non_contiguous_inputs_give_contiguous_results_equal_to_contiguous_ones() -> None:
     batch = make_batch(40, 90, seed=4)
     transposed = {k: v.T.contiguous().T for k, v in batch.items()}
     assert not transposed["rewards"].is_contiguous()
-    for solver in SOLVERS.values():
-        expected = solver(**batch, gamma=0.97, gae_lambda=0.9)
-        got = solver(**transposed, gamma=0.97, gae_lambda=0.9)
-        for a, b in zip(got, expected, strict=True):
-            assert a.is_contiguous()
-            torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+    expected = gae._gae_by_chunks(**batch, gamma=0.97, gae_lambda=0.9)
+    got = gae._gae_by_chunks(**transposed, gamma=0.97, gae_lambda=0.9)
+    for a, b in zip(got, expected, strict=True):
+        assert a.is_contiguous()
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
 
 
 def test_float32_inputs_match_the_reference_and_keep_their_dtype() -> None:
@@ -250,7 +226,7 @@ def test_a_truncated_step_bootstraps_but_does_not_carry_the_next_episode_back() 
     torch.testing.assert_close(adv, expected, atol=TOL, rtol=0)
 
 
-@pytest.mark.parametrize("shape", [(4, 25), (64, 150)], ids=["matrices", "chunks"])
+@pytest.mark.parametrize("shape", [(4, 25), (64, 150)])
 def test_tensor_ops_read_nothing_on_the_host_and_build_no_graph(shape: tuple[int, int]) -> None:
     """The tensor-ops solver is the one CUDA runs, so this CPU run stands in for the GPU's."""
     batch = make_batch(*shape, seed=9, dtype=torch.float32)
@@ -309,7 +285,7 @@ def test_rates_outside_the_unit_interval_are_rejected(gamma, gae_lambda, name: s
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("shape", [(64, 25), (256, 200)], ids=["matrices", "chunks"])
+@pytest.mark.parametrize("shape", [(64, 25), (256, 200)])
 def test_on_cuda_matches_cpu_and_reads_nothing_on_the_host(shape: tuple[int, int]) -> None:
     batch = make_batch(*shape, seed=11, p_terminated=0.1, p_truncated=0.1, dtype=torch.float32)
     cpu_adv, cpu_ret = compute_gae(**batch, gamma=0.99, gae_lambda=0.95)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from esper.simic.env_config import EnvConfig
-from esper.simic.evaluate import baseline_controller, run_episodes
+from esper.simic.episodes import baseline_controller, run_episodes
 from esper.tolaria.data import DigitsDataModule
 
 EPISODES = 4
@@ -25,7 +25,7 @@ def _final_acc(name: str) -> list[float]:
     run = run_episodes(
         config,
         DigitsDataModule(),
-        lambda env: baseline_controller(name, env, normalizer=None),
+        lambda env: baseline_controller(name, env),
         None,
         episodes=EPISODES,
         seed=0,

@@ -11,7 +11,7 @@ from esper.contracts import BlendMode, LifecycleOp, ObservationLayout, SeedStage
 from esper.contracts.rollout import StepBatch
 from esper.host_reads import HostReadCounter
 from esper.simic.buffer import RolloutBuffer
-from esper.simic.normalizer import RunningObsNormalizer
+from esper.simic.episodes import RawObservations
 from esper.simic.rollout import RolloutCollector
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.heuristic import STATE_SHAPE, HeuristicConfig, HeuristicController
@@ -283,14 +283,12 @@ def test_acting_for_all_envs_makes_no_host_reads() -> None:
     g = torch.Generator().manual_seed(0)
     masks = random_masks((64,), g)
     obs = random_obs(64, g)
-    normalizer = RunningObsNormalizer(LAYOUT.dim)
-    normalizer.update(random_obs(256, g))
-    for controller in (make_controller(), make_controller(normalizer=normalizer)):
-        hidden = controller.initial_state(64)
-        with HostReadCounter() as counter:
-            controller.act(normalizer(obs), hidden, masks)
-            controller.value(obs, hidden)
-        assert counter.count == 0, counter.report()
+    controller = make_controller()
+    hidden = controller.initial_state(64)
+    with HostReadCounter() as counter:
+        controller.act(obs, hidden, masks)
+        controller.value(obs, hidden)
+    assert counter.count == 0, counter.report()
 
 
 def test_it_has_no_parameters_scores_zero_and_passes_the_state_through() -> None:
@@ -308,26 +306,6 @@ def test_it_has_no_parameters_scores_zero_and_passes_the_state_through() -> None
         controller.value(make_obs(3), hidden),
     ):
         assert torch.equal(out, torch.zeros(3))
-
-
-def test_a_fitted_normaliser_leaves_the_decisions_of_raw_observations_unchanged() -> None:
-    g = torch.Generator().manual_seed(1)
-    history = random_obs(512, g)
-    # A stage the normaliser has never seen has variance 0: inverting the normaliser would
-    # read its one-hot as ~0. Comparing against normalised thresholds still sees it.
-    unseen = LAYOUT["slot0.stage"].start + int(SeedStage.HOLDING)
-    history[:, unseen] = 0.0
-    normalizer = RunningObsNormalizer(LAYOUT.dim)
-    normalizer.update(history)
-    obs = random_obs(N_RANDOM_ENVS, g)
-    set_stage(obs, 0, SeedStage.HOLDING, env=0)
-    set_feature(obs[:1], "slot0.contribution", -0.5)
-    masks = random_masks((N_RANDOM_ENVS,), g)
-    masks.op[0, LifecycleOp.PRUNE] = masks.slot[0, LifecycleOp.PRUNE, 0] = True
-    raw = act(obs, masks)
-    normalised = act(normalizer(obs), masks, make_controller(normalizer=normalizer))
-    assert tuple(raw[0, : SLOT + 1].tolist()) == (LifecycleOp.PRUNE, 0)
-    assert torch.equal(normalised, raw)
 
 
 @pytest.mark.parametrize(
@@ -354,8 +332,6 @@ def test_controller_rejects_a_config_or_layout_that_does_not_match_the_schema() 
         make_controller(HeuristicConfig(blueprint_preference=("conv_light",)))
     with pytest.raises(ValueError, match="same host"):
         HeuristicController(ObservationLayout(2, 4), SCHEMA)
-    with pytest.raises(ValueError, match="features"):
-        make_controller(normalizer=RunningObsNormalizer(LAYOUT.dim + 1))
 
 
 def test_act_rejects_observations_on_another_device_than_the_controller() -> None:
@@ -368,20 +344,16 @@ def test_act_rejects_observations_on_another_device_than_the_controller() -> Non
 def test_it_drives_a_real_rollout_germinating_seeds_with_only_legal_ops() -> None:
     torch.manual_seed(0)
     env = small_env(n_envs=2, episode_epochs=4)
-    normalizer = RunningObsNormalizer(env.layout.dim)
-    controller = HeuristicController(env.layout, env.schema, normalizer=normalizer)
+    controller = HeuristicController(env.layout, env.schema)
     buffer = RolloutBuffer(
         env.n_envs, env.decisions_per_episode, env.layout.dim, env.schema, STATE_SHAPE, env.device
     )
-    collector = RolloutCollector(env, controller, normalizer, buffer, GAMMA, LAMBDA)
-    # Two rollouts: the second acts on observations normalised with fitted statistics.
-    for rollout in range(2):
-        steps: list[StepBatch] = []
-        with HostReadCounter() as counter:
-            _, summary = collector.collect(rollout, on_step=steps.append)
-        # Only the collector's one read per host epoch: the controller adds none.
-        assert counter.count == summary.packed_transfers == env.config.episode_epochs, (
-            counter.report()
-        )
-        assert summary.seeds_germinated.sum() > 0
-        assert not any(s.illegal.any() for s in steps)
+    # Raw observations, as run_episodes hands every controller but the learned policy.
+    collector = RolloutCollector(env, controller, RawObservations(), buffer, GAMMA, LAMBDA)
+    steps: list[StepBatch] = []
+    with HostReadCounter() as counter:
+        _, summary = collector.collect(0, on_step=steps.append)
+    # Only the collector's one read per host epoch: the controller adds none.
+    assert counter.count == summary.packed_transfers == env.config.episode_epochs, counter.report()
+    assert summary.seeds_germinated.sum() > 0
+    assert not any(s.illegal.any() for s in steps)

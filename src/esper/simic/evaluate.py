@@ -5,7 +5,8 @@ the stochastic policy PPO trained) is set against the heuristic controller, a ra
 legal controller and no growth (WAIT only). Every controller gets the same hosts at the
 start (seeds never used in training), the same data order and the same parameter
 budget. Episodes run in groups of the training run's ``n_envs`` side by side, so each
-host gets the same share of every batch as in training.
+host gets the same share of every batch as in training (``esper.simic.episodes`` runs
+them); this module loads the checkpoint and tabulates the paired results.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import importlib
 import inspect
 import json
 import math
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -26,17 +26,13 @@ import torch
 
 from esper.callbacks.checkpoint import CheckpointError, EsperCheckpointIO
 from esper.contracts.rollout import StepBatch
-from esper.simic.buffer import RolloutBuffer
 from esper.simic.env import MorphogeneticVecEnv
-from esper.simic.env_config import EnvConfig, action_schema
+from esper.simic.env_config import action_schema
+from esper.simic.episodes import baseline_controller, run_episodes
 from esper.simic.module import DATA_KEY, PPOModule, check_same_action_space, checkpoint_policy_spec
-from esper.simic.rollout import Controller, RolloutCollector
-from esper.tamiyo.baselines import STATE_SHAPE, NoGrowthController, RandomLegalController
-from esper.tamiyo.heuristic import SCRIPTED_GROWTH, HeuristicController
+from esper.simic.rollout import Controller
 from esper.tolaria.data.base import HostDataModule
 
-#: Evaluation seeds start here, far from the rollout indices training used as seeds.
-EVAL_SEED_BASE = 1_000_000_007
 #: What ``esper evaluate`` compares by default.
 CONTROLLERS: tuple[str, ...] = ("learned", "heuristic", "random", "no_growth")
 #: Every controller it can run: the defaults and the scripted grower (``SCRIPTED_GROWTH``).
@@ -229,8 +225,9 @@ def evaluate(
         run = run_episodes(
             config,
             data,
-            lambda env, name=name: _controller(name, policy, env, normalizer),
-            normalizer,
+            lambda env, name=name: _controller(name, policy, env),
+            # Only the policy learned in normalised units; the others read raw features.
+            normalizer if name == "learned" else None,
             episodes=episodes,
             seed=seed,
             gamma=module.ppo_config.gamma,
@@ -275,138 +272,13 @@ def _paired_with_reference(results: list[ControllerResult]) -> list[ControllerRe
     return paired
 
 
-#: Per-episode figures :func:`run_episodes` keeps from each rollout summary.
-EPISODE_FIELDS: tuple[str, ...] = (
-    "final_val_acc",
-    "params_added",
-    "seeds_germinated",
-    "seeds_fossilized",
-    "seeds_pruned",
-    "episode_return",
-)
-
-
-class RawObservations:
-    """A normaliser that normalises nothing and learns nothing, for untrained controllers.
-
-    The collector calls its normaliser on every observation and updates it after each
-    rollout; :func:`run_episodes` saves and restores its (empty) state.
-    """
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-    def update(self, *args: object, **kwargs: object) -> None:
-        return None
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        return None
-
-
-@dataclass
-class Episodes:
-    """One controller's evaluation episodes.
-
-    Attributes:
-        per_episode: each of :data:`EPISODE_FIELDS` as ``[episodes]`` floats.
-        val_acc: ``[episodes, episode_epochs]`` host validation accuracy after each epoch.
-        steps: the step batches of each group of episodes run side by side.
-        wall_s: seconds spent in the rollouts.
-    """
-
-    per_episode: dict[str, np.ndarray]
-    val_acc: np.ndarray
-    steps: list[list[StepBatch]]
-    wall_s: float
-
-
-def run_episodes(
-    config: EnvConfig,
-    data: HostDataModule,
-    make_controller: Callable[[MorphogeneticVecEnv], tuple[Controller, tuple[int, int]]],
-    normalizer: Any,
-    episodes: int,
-    seed: int,
-    gamma: float,
-    gae_lambda: float,
-    device: str = "cpu",
-    deterministic: bool = True,
-) -> Episodes:
-    """Run ``episodes`` fresh episodes under one controller, ``config.n_envs`` at a time.
-
-    Group ``g`` starts from the same hosts, data order and seed initialisations for every
-    controller (all are keyed by ``EVAL_SEED_BASE + seed + g``), so episodes of two
-    controllers are paired. ``normalizer`` is used, never updated; None hands the
-    controller raw observations (for controllers that need no trained normaliser).
-    """
-    if normalizer is None:
-        normalizer = RawObservations()
-    group = config.n_envs  # as many envs side by side as in training: same data share each
-    parts: dict[str, list[np.ndarray]] = {}
-    curves: list[np.ndarray] = []
-    steps_by_group: list[list[StepBatch]] = []
-    wall = 0.0
-    for g in range(math.ceil(episodes / group)):
-        seed_g = EVAL_SEED_BASE + seed + g
-        torch.manual_seed(seed_g)  # the same initial hosts for every controller
-        env = MorphogeneticVecEnv(config, data, device)
-        env.reseed_data(seed_g)
-        controller, state_shape = make_controller(env)
-        buffer = RolloutBuffer(
-            group, env.decisions_per_episode, env.layout.dim, env.schema, state_shape, device
-        )
-        collector = RolloutCollector(env, controller, normalizer, buffer, gamma, gae_lambda)
-        collector.seed_offset = seed_g  # seeds planted from generators training never used
-        collector.seed_stride = 0
-        steps: list[StepBatch] = []
-        normalizer_state = {k: v.clone() for k, v in normalizer.state_dict().items()}
-        start = time.perf_counter()
-        # A sampling controller draws from the global generator, seeded above after the
-        # hosts were built: the same draws on a repeat, and the same hosts as the others.
-        _, summary = collector.collect(0, on_step=steps.append, deterministic=deterministic)
-        wall += time.perf_counter() - start
-        normalizer.load_state_dict(normalizer_state)  # evaluation must not learn
-        keep = min(group, episodes - g * group)
-        for field_name in EPISODE_FIELDS:
-            values = np.asarray(getattr(summary, field_name), dtype=float)
-            parts.setdefault(field_name, []).append(values[:keep])
-        curve = np.stack([s.val_acc for s in steps] + [steps[-1].next_val_acc], axis=1)
-        curves.append(curve[:keep])
-        steps_by_group.append(steps)
-    return Episodes(
-        per_episode={k: np.concatenate(v) for k, v in parts.items()},
-        val_acc=np.concatenate(curves),
-        steps=steps_by_group,
-        wall_s=wall,
-    )
-
-
 def _controller(
-    name: str, policy: torch.nn.Module, env: MorphogeneticVecEnv, normalizer: Any
+    name: str, policy: torch.nn.Module, env: MorphogeneticVecEnv
 ) -> tuple[Controller, tuple[int, int]]:
     if name == "learned":
         config = policy.config  # type: ignore[attr-defined]
         return policy, (config.lstm_layers, config.hidden_size)  # type: ignore[return-value]
-    return baseline_controller(name, env, normalizer)
-
-
-def baseline_controller(
-    name: str, env: MorphogeneticVecEnv, normalizer: Any
-) -> tuple[Controller, tuple[int, int]]:
-    """A controller that needs no training (every name of :data:`ALL_CONTROLLERS` but
-    ``learned``), on ``env``'s device, with the recurrent-state shape the buffer stores."""
-    builders: dict[str, Callable[[], Any]] = {
-        "heuristic": lambda: HeuristicController(env.layout, env.schema, normalizer=normalizer),
-        "scripted": lambda: HeuristicController(
-            env.layout, env.schema, SCRIPTED_GROWTH, normalizer=normalizer
-        ),
-        "random": RandomLegalController,
-        "no_growth": NoGrowthController,
-    }
-    return builders[name]().to(env.device), STATE_SHAPE
+    return baseline_controller(name, env)
 
 
 def standard_error_of_difference(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, float]:

@@ -7,15 +7,16 @@ kernel launch per env per step and a sync per bootstrap).
 
 How it is fast. On the CPU, a C kernel built with the package (``gae_native``) walks each
 env's row backwards once: one read of every input, one write of every output. Elsewhere
-(CUDA, float16/bfloat16, or where the kernel was not built) tensor ops solve it. The
-recursion ``A_t = delta_t + c_t * A_{t+1}`` is linear, so a stretch of it is a product
-with a matrix of discounts. Small problems (every env's whole
-trajectory as one matrix, a few thousand elements) are solved by one such product per env,
-with no loop at all. Larger ones are cut into chunks of about ``sqrt(T)`` steps: a short
-reverse sweep inside every chunk at once (all envs and chunks in each step), then a carry
-of about ``sqrt(T)`` steps from chunk to chunk, so a call costs about ``2 * sqrt(T)`` small
+(CUDA, float16/bfloat16, or where the kernel was not built) tensor ops solve it with a
+chunked sweep: time is cut into chunks of about ``sqrt(T)`` steps, a short reverse sweep
+runs inside every chunk at once (all envs and chunks in each step), then a carry of about
+``sqrt(T)`` steps goes from chunk to chunk, so a call costs about ``2 * sqrt(T)`` small
 kernels instead of ``T``. The outputs double as work space and most steps run in place:
 on a CPU a fresh allocation of a few megabytes costs more than the arithmetic done in it.
+One tensor-ops solver, not two: a discount-matrix product (``[n_envs, T, T]``, no loop)
+saved at most about 0.25 ms a call where it was faster (4 to 16 envs of 24 to 60 steps)
+and, costing ``O(n_envs * T^2)``, was 2 to 5x slower at 64 x 60 and 90 to 1000x slower at
+``T = 1024``; ``benchmarks/gae.py --solvers`` measures both (benchmarks/README.md, GAE).
 
 Two flags, because they mean different things:
 
@@ -30,7 +31,6 @@ Two flags, because they mean different things:
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -41,10 +41,6 @@ from esper.simic import gae_native
 
 #: Number of dimensions of every GAE input: ``[n_envs, T]``.
 _INPUT_NDIM = 2
-#: Largest ``n_envs * T * T`` solved with one discount matrix per env. The matrices cost
-#: ``T`` times the data, so past this the chunked sweep is faster (measured on CPU at
-#: 4x25 vs 64x150 with benchmarks/gae.py); below it the matrix path needs no loop.
-DISCOUNT_MATRIX_MAX_ELEMENTS = 1 << 18
 #: ``backend`` values of ``compute_gae``: pick for me, tensor ops only, the C kernel only.
 BACKENDS = ("auto", "torch", "native")
 
@@ -169,55 +165,7 @@ def compute_gae(
         return gae_native.gae_native(
             rewards, values, next_values, terminated, done, gamma, gae_lambda
         )
-    n_envs, n_steps = rewards.shape
-    if n_envs * n_steps * n_steps <= DISCOUNT_MATRIX_MAX_ELEMENTS:
-        return _gae_by_discount_matrices(
-            rewards, values, next_values, terminated, done, gamma, gae_lambda
-        )
     return _gae_by_chunks(rewards, values, next_values, terminated, done, gamma, gae_lambda)
-
-
-@functools.lru_cache(maxsize=16)
-def _discount_powers(
-    n_steps: int, decay: float, dtype: torch.dtype, device: torch.device
-) -> Tensor:
-    """``[T, T]`` upper-triangular ``decay ** (k - t)`` for ``k >= t``, zero below.
-
-    Cached because a training run calls GAE with the same ``T`` and rates every update;
-    the tensor is never written to.
-    """
-    steps = torch.arange(n_steps, device=device, dtype=dtype)
-    lags = steps.unsqueeze(0) - steps.unsqueeze(1)  # [t, k] = k - t
-    powers = torch.full_like(lags, decay).pow_(lags.clamp(min=0))
-    return powers.triu_()
-
-
-def _gae_by_discount_matrices(
-    rewards: Tensor,
-    values: Tensor,
-    next_values: Tensor,
-    terminated: Tensor,
-    done: Tensor,
-    gamma: float,
-    gae_lambda: float,
-) -> tuple[Tensor, Tensor]:
-    """``A_e = M_e @ delta_e`` with ``M_e[t, k] = (gamma lambda)^(k-t)`` while no stop
-    lies in ``[t, k)``, else 0: one ``[n_envs, T, T]`` product, no loop.
-
-    "No stop in ``[t, k)``" is "as many stops before ``k`` as before ``t``", compared on
-    the running count of stops. The product is an elementwise multiply and a sum rather
-    than a ``bmm`` so that TF32/bf16 matmul settings cannot lower its precision.
-    """
-    n_steps = rewards.shape[1]
-    deltas = torch.add(rewards, next_values.masked_fill(terminated, 0.0), alpha=gamma)
-    deltas.sub_(values)
-    stops = done | terminated
-    stops_before = stops.cumsum(1).sub_(stops.view(torch.uint8))  # [E, T]: before each step
-    same_stretch = stops_before.unsqueeze(2) == stops_before.unsqueeze(1)  # [E, t, k]
-    powers = _discount_powers(n_steps, gamma * gae_lambda, rewards.dtype, rewards.device)
-    discounts = powers * same_stretch
-    advantages = (discounts * deltas.unsqueeze(1)).sum(2)
-    return advantages, advantages + values
 
 
 def _gae_by_chunks(
@@ -229,7 +177,7 @@ def _gae_by_chunks(
     gamma: float,
     gae_lambda: float,
 ) -> tuple[Tensor, Tensor]:
-    """Chunked sweep for large ``[n_envs, T]``: about ``2 * sqrt(T)`` steps of small kernels.
+    """Chunked sweep of ``[n_envs, T]``: about ``2 * sqrt(T)`` steps of small kernels.
 
     Time is cut into ``n_chunks`` chunks of ``chunk`` steps (the last ``T % chunk`` steps
     form a short tail swept first). Inside a chunk, with ``A`` after it taken as 0, the

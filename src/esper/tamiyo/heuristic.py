@@ -26,25 +26,19 @@ Everything runs on the device with ``where``/``gather``/``argmax`` over masked i
 scores: no host reads, whatever the number of envs. Every action it returns is legal
 under the masks it was given.
 
-**Normalised observations.** The rollout loop hands the policy ``normalizer(raw_obs)``,
-not the raw features. Pass that same ``esper.simic.normalizer.RunningObsNormalizer``
-as ``normalizer`` and the controller decides each comparison ``x < c`` as
-``normalize(x) < normalize(c)``: the threshold is pushed through the normaliser instead
-of the observation being inverted through it. The normaliser is increasing (an affine
-map, then a clip to ``±clip``), so this is sound: it never fires a rule whose raw
-comparison is false. It is exact for the binary features (stage one-hots, the refusal
-flag), which inverting ``x * sqrt(var + eps) + mean`` would not be: a stage the
-normaliser has never seen has variance 0, so a 1 there is clipped to ``clip * sqrt(eps)``
-≈ 0 and would read as "not in that stage". The one loss is the clip's: when the
-threshold itself lies more than ``clip`` standard deviations from a feature's running
-mean, values beyond it on that side are indistinguishable from it and the rule does not
-fire. Without a normaliser, observations are taken as raw.
+**Raw observations.** It reads the features as ``esper.tamiyo.features`` builds them
+(fractions of accuracy and of the episode, 0/1 stage one-hots and refusal flags), not
+the normalised view the policy learns from: its thresholds are in those units, so a
+rollout must hand it the raw observation (``esper.simic.episodes.run_episodes`` does,
+with ``normalizer=None``). Comparing raw features with raw thresholds is exact; pushing
+the thresholds through the policy's running normaliser instead, as it once did, lost
+the comparisons the normaliser's clip flattened.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -59,22 +53,9 @@ from esper.tamiyo.policy import ActResult, LSTMState
 #: as ``RolloutBuffer``'s ``lstm_shape``.
 STATE_SHAPE: tuple[int, int] = (1, 1)
 
-#: A binary observation feature (stage one-hot, refusal flag) is set iff it exceeds this.
-#: Zero rather than 0.5 so that the normalised comparison stays exact (module docstring).
-BINARY_THRESHOLD = 0.0
-
-
-class ObservationNormalizer(Protocol):
-    """What the controller needs of ``esper.simic.normalizer.RunningObsNormalizer``.
-
-    A protocol rather than an import, so tamiyo does not depend on simic.
-    """
-
-    n_features: int
-
-    def normalize(self, x: Tensor) -> Tensor:
-        """Map raw ``[..., n_features]`` features into the policy's input space, increasingly."""
-        ...
+#: A binary observation feature (stage one-hot, refusal flag) is set iff it exceeds this:
+#: the features are exactly 0 or 1, and halfway reads either without a tie.
+BINARY_THRESHOLD = 0.5
 
 
 @dataclass(frozen=True)
@@ -155,6 +136,17 @@ SCRIPTED_GROWTH = HeuristicConfig(
 )
 
 
+def preferring_what_fits(config: HeuristicConfig, schema: ActionSchema) -> HeuristicConfig:
+    """``config`` with its blueprint preference cut to the blueprints ``schema`` offers.
+
+    A preference written for every host kind (:data:`SCRIPTED_GROWTH` names the CNN's and
+    the Transformer's blueprints) names some that a given host lacks; the controller
+    itself refuses unknown names, so that a user's own preference with a typo fails loud.
+    """
+    kept = tuple(n for n in config.blueprint_preference if n in schema.blueprint_names)
+    return dataclasses.replace(config, blueprint_preference=kept)
+
+
 def _first_true(mask: Tensor, scores: Tensor) -> Tensor:
     """Index of the highest-scoring True entry of ``mask [..., K]``; ``scores [K]`` are > 0.
 
@@ -184,17 +176,12 @@ class HeuristicController(nn.Module):
     Args:
         layout: where each feature sits in the observation.
         schema: the action heads; gives the blueprint names and blend modes.
-        config: thresholds and preferences.
-        normalizer: the normaliser the rollout loop applies to observations before
-            :meth:`act`, or None when it is given raw ones (see the module docstring).
-            It is shared, not copied: its statistics at each call are the ones used.
+        config: thresholds and preferences, in the raw features' units.
     """
 
     state_shape: tuple[int, int] = STATE_SHAPE
 
     # Column indices and scores, as non-persistent buffers so they follow ``.to(device)``.
-    _thresholds: Tensor
-    _globals: Tensor
     _contribution: Tensor
     _gate_refused: Tensor
     _germinated: Tensor
@@ -209,7 +196,6 @@ class HeuristicController(nn.Module):
         layout: ObservationLayout,
         schema: ActionSchema,
         config: HeuristicConfig | None = None,
-        normalizer: ObservationNormalizer | None = None,
     ) -> None:
         super().__init__()
         self.config = config = config or HeuristicConfig()
@@ -232,30 +218,14 @@ class HeuristicController(nn.Module):
                 f"HeuristicConfig.blend_mode {config.blend_mode!r} is not one of the schema's "
                 f"blend modes {list(schema.blend_modes)}"
             )
-        if normalizer is not None and normalizer.n_features != layout.dim:
-            raise ValueError(
-                f"normalizer has {normalizer.n_features} features, the layout {layout.dim}"
-            )
-        self.normalizer = normalizer
 
         def columns(feature: str, offset: int = 0) -> Tensor:
             starts = [layout[f"slot{s}.{feature}"].start + offset for s in range(n_slots)]
             return torch.tensor(starts, dtype=torch.long)
 
-        epoch_fraction = layout["epoch_fraction"].start
-        val_acc_delta = layout["val_acc_delta"].start
-        contribution = columns("contribution")
-        gate_refused = columns("gate_refused")
+        self._epoch_fraction = layout["epoch_fraction"].start
+        self._val_acc_delta = layout["val_acc_delta"].start
         stage = {s: columns("stage", int(s)) for s in SeedStage}
-
-        # The threshold of every compared feature, in raw units, at that feature's column.
-        thresholds = torch.zeros(layout.dim)
-        thresholds[epoch_fraction] = config.max_germinate_fraction
-        thresholds[val_acc_delta] = config.plateau_delta
-        thresholds[contribution] = -config.prune_threshold
-        thresholds[gate_refused] = BINARY_THRESHOLD
-        for cols in stage.values():
-            thresholds[cols] = BINARY_THRESHOLD
 
         preferred = [schema.blueprint_names.index(n) for n in config.blueprint_preference]
         blueprint_order = preferred + [b for b in range(n_blueprints) if b not in preferred]
@@ -265,10 +235,8 @@ class HeuristicController(nn.Module):
         slot_order = list(range(n_slots))
 
         buffers = {
-            "_thresholds": thresholds,
-            "_globals": torch.tensor([epoch_fraction, val_acc_delta], dtype=torch.long),
-            "_contribution": contribution,
-            "_gate_refused": gate_refused,
+            "_contribution": columns("contribution"),
+            "_gate_refused": columns("gate_refused"),
             "_germinated": stage[SeedStage.GERMINATED],
             "_blending": stage[SeedStage.BLENDING],
             "_holding": stage[SeedStage.HOLDING],
@@ -295,31 +263,27 @@ class HeuristicController(nn.Module):
         episode_starts: Tensor | None = None,
         generator: torch.Generator | None = None,
     ) -> ActResult:
-        """One rule-based action per env: ``obs [E, D]``, masks with batch shape ``[E]``.
+        """One rule-based action per env: raw ``obs [E, D]``, masks with batch shape ``[E]``.
 
         Returns actions ``[E, 4]`` in (op, slot, blueprint, blend) order, legal under
         ``masks``; zero log-prob, entropy and value; ``hidden`` unchanged. No host reads.
         """
         self._check(obs, masks)
-        ops = masks.op
-        reference = self._reference(obs)
-
-        def below(cols: Tensor) -> Tensor:
-            return obs.index_select(-1, cols) < reference.index_select(-1, cols)
+        ops, config = masks.op, self.config
 
         def is_set(cols: Tensor) -> Tensor:
-            # Binary features: exact even when normalised (module docstring).
-            return obs.index_select(-1, cols) > reference.index_select(-1, cols)
+            return obs.index_select(-1, cols) > BINARY_THRESHOLD
 
         prunable = (
-            below(self._contribution)
+            (obs.index_select(-1, self._contribution) < -config.prune_threshold)
             & (is_set(self._blending) | is_set(self._holding))
             & masks.slot[:, LifecycleOp.PRUNE]
             & ops[:, LifecycleOp.PRUNE, None]
         )
         can_advance = masks.slot[:, LifecycleOp.ADVANCE] & ops[:, LifecycleOp.ADVANCE, None]
         advanceable = can_advance & (~is_set(self._gate_refused) | is_set(self._germinated))
-        epoch_early, plateau = below(self._globals).unbind(-1)
+        epoch_early = obs[:, self._epoch_fraction] < config.max_germinate_fraction
+        plateau = obs[:, self._val_acc_delta] < config.plateau_delta
         germinable = (
             masks.slot[:, LifecycleOp.GERMINATE]
             & masks.blueprint.any(-1)
@@ -332,7 +296,7 @@ class HeuristicController(nn.Module):
             (LifecycleOp.ADVANCE, advanceable),
             (LifecycleOp.GERMINATE, germinable),
         ]
-        if self.config.retry_refused_advance:
+        if config.retry_refused_advance:
             rules.append((LifecycleOp.ADVANCE, can_advance))
 
         # Fold from the lowest priority up, so a higher rule that fires overrides.
@@ -357,10 +321,10 @@ class HeuristicController(nn.Module):
     # ---------------------------------------------------------------- internals
     def _check(self, obs: Tensor, masks: ActionMasks) -> None:
         """Shape and device checks only (metadata, no host read)."""
-        if obs.device != self._thresholds.device:
+        if obs.device != self._slot_scores.device:
             raise ValueError(
                 f"HeuristicController.act: obs is on {obs.device} but the controller on "
-                f"{self._thresholds.device}; move it with .to(device), as the policy"
+                f"{self._slot_scores.device}; move it with .to(device), as the policy"
             )
         if obs.ndim != 2 or obs.shape[-1] != self.layout.dim:
             raise ValueError(
@@ -382,10 +346,3 @@ class HeuristicController(nn.Module):
                     f"HeuristicController.act: masks.{name} must be {shape} for this schema "
                     f"and {n_envs} envs, got {actual}"
                 )
-
-    def _reference(self, obs: Tensor) -> Tensor:
-        """``[D]`` thresholds in the space ``obs`` lives in (normalised when it is)."""
-        thresholds = self._thresholds.to(dtype=obs.dtype)
-        if self.normalizer is None:
-            return thresholds
-        return self.normalizer.normalize(thresholds)

@@ -1,4 +1,5 @@
-"""One host epoch for a batch of envs: train every env, then one fused validation pass.
+"""One host epoch for a batch of envs: train every env, then one fused validation pass
+(``esper.tolaria.counterfactual``).
 
 Nothing here reads a tensor's value on the host. Losses, correct counts and the
 finite-gradient flags accumulate in device tensors that the caller reads once, in the
@@ -16,10 +17,10 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-from esper.contracts.stages import CONTRIBUTING_STAGES
 from esper.kasmina.growing_host import GrowingHost
 from esper.kasmina.hosts.base import HostModel
 from esper.kasmina.incubation import incubating_slots, incubation_loss
+from esper.tolaria.counterfactual import validate_with_counterfactuals
 
 #: Autocast dtypes by the ``amp`` setting (None: full precision).
 AMP_DTYPES: dict[str, torch.dtype | None] = {
@@ -155,7 +156,7 @@ def run_epoch(
                 f"env {i} received no training samples this epoch; the train loader must "
                 f"yield at least one batch of at least {len(envs)} samples (one per env)"
             )
-    val_loss, val_acc, cf_acc = _validate(envs, val_batches, device)
+    val_loss, val_acc, cf_acc = validate_with_counterfactuals(envs, val_batches, device)
 
     def gather(values: list[Tensor]) -> Tensor:
         """Stack per-env figures on ``device``: device-to-device copies, no host read."""
@@ -320,80 +321,6 @@ def _update_grad_flags(env: GrowingHost, flags: Tensor) -> None:
         if grads:
             norm = torch.nn.utils.get_total_norm(grads)
             flags[s : s + 1].logical_and_(torch.isfinite(norm))
-
-
-# ---------------------------------------------------------------------- validation
-@torch.no_grad()
-def _validate(
-    envs: Sequence[GrowingHost], batches: Iterable[tuple[Tensor, Tensor]], device: torch.device
-) -> tuple[Tensor, Tensor, Tensor]:
-    plans = [_CounterfactualPlan(env, env.device) for env in envs]
-    loss_sums = [torch.zeros(p.replicas, device=e.device) for p, e in zip(plans, envs, strict=True)]
-    corrects = [
-        torch.zeros(p.replicas, device=e.device, dtype=torch.long)
-        for p, e in zip(plans, envs, strict=True)
-    ]
-    devices = {env.device for env in envs}
-    seen = 0
-    for env in envs:
-        env.model.eval()
-    try:
-        for x_cpu, y_cpu in batches:
-            copies = {
-                d: (x_cpu.to(d, non_blocking=True), y_cpu.to(d, non_blocking=True)) for d in devices
-            }
-            for env, plan, loss_sum, correct in zip(envs, plans, loss_sums, corrects, strict=True):
-                x, y = copies[env.device]
-                r = plan.replicas
-                stacked = x.unsqueeze(0).expand(r, *x.shape).reshape(r * x.shape[0], *x.shape[1:])
-                outputs = env.model(stacked)
-                loss_sum.add_(env.model.loss_per_replica(outputs, y, r))
-                correct.add_(env.model.correct_per_replica(outputs, y, r))
-            seen += y.numel()
-    finally:
-        for plan in plans:
-            plan.clear()
-        for env in envs:
-            env.model.train()
-    if seen == 0:
-        raise ValueError("the validation loader yielded no samples; it must not be empty")
-    val_loss = torch.stack([s[0].to(device, non_blocking=True) for s in loss_sums]) / seen
-    accuracies = [(c / seen).to(device, non_blocking=True) for c in corrects]
-    val_acc = torch.stack([a[0] for a in accuracies])
-    # Integer indexing makes views: building [E, S] this way needs no index tensor upload.
-    cf_acc = torch.stack(
-        [
-            torch.stack([acc[r] for r in plan.slot_to_replica])
-            for acc, plan in zip(accuracies, plans, strict=True)
-        ]
-    )
-    return val_loss, val_acc, cf_acc
-
-
-class _CounterfactualPlan:
-    """Which replica switches off which slot's seed, for one env's validation pass.
-
-    Replica 0 is the env as it is; replica ``k`` scales the ``k``-th blending seed's alpha
-    by 0. ``slot_to_replica[s]`` picks the replica whose accuracy is slot ``s``'s
-    counterfactual (0 for slots with nothing to switch off).
-    """
-
-    def __init__(self, env: GrowingHost, device: torch.device) -> None:
-        slots = list(env.model.iter_slots())
-        blending = [s for s in slots if s.has_seed and s.stage in CONTRIBUTING_STAGES]
-        self.replicas = 1 + len(blending)
-        self._slots = blending
-        replica_of = {id(s): k + 1 for k, s in enumerate(blending)}
-        self.slot_to_replica = [replica_of.get(id(s), 0) for s in slots]
-        for k, slot in enumerate(blending):
-            # Built on the device: uploading a pageable host tensor would wait for the stream.
-            scale = torch.ones(self.replicas, device=device)
-            scale[k + 1] = 0.0
-            slot.set_counterfactual_scale(scale)
-
-    def clear(self) -> None:
-        for slot in self._slots:
-            slot.set_counterfactual_scale(None)
 
 
 # ------------------------------------------------------------------------- streams

@@ -1,0 +1,163 @@
+"""Fresh, paired episodes under one controller: the runner behind ``esper evaluate``.
+
+Every comparison of controllers (``esper.simic.evaluate``, ``benchmarks/growth.py``) needs
+the same thing: episodes that start from the same hosts, data order and seed
+initialisations whatever the controller, so that differences between controllers are
+paired per episode. :func:`run_episodes` builds them from evaluation seeds training never
+used; :func:`baseline_controller` builds the controllers that need no training.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from esper.contracts.rollout import StepBatch
+from esper.simic.buffer import RolloutBuffer
+from esper.simic.env import MorphogeneticVecEnv
+from esper.simic.env_config import EnvConfig
+from esper.simic.normalizer import RunningObsNormalizer
+from esper.simic.rollout import Controller, RolloutCollector
+from esper.tamiyo.baselines import STATE_SHAPE, NoGrowthController, RandomLegalController
+from esper.tamiyo.heuristic import SCRIPTED_GROWTH, HeuristicController, preferring_what_fits
+from esper.tolaria.data.base import HostDataModule
+
+#: Evaluation seeds start here, far from the rollout indices training used as seeds.
+EVAL_SEED_BASE = 1_000_000_007
+
+
+#: Per-episode figures :func:`run_episodes` keeps from each rollout summary.
+EPISODE_FIELDS: tuple[str, ...] = (
+    "final_val_acc",
+    "params_added",
+    "seeds_germinated",
+    "seeds_fossilized",
+    "seeds_pruned",
+    "episode_return",
+)
+
+
+class RawObservations:
+    """A normaliser that normalises nothing and learns nothing: the collector's stand-in
+    for controllers that read the raw features (the heuristic) or none (the baselines).
+
+    The collector calls its normaliser on every observation and updates it after each
+    rollout; :func:`run_episodes` saves and restores its (empty) state.
+    """
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def update(self, *args: object, **kwargs: object) -> None:
+        return None
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        return None
+
+
+@dataclass
+class Episodes:
+    """One controller's evaluation episodes.
+
+    Attributes:
+        per_episode: each of :data:`EPISODE_FIELDS` as ``[episodes]`` floats.
+        val_acc: ``[episodes, episode_epochs]`` host validation accuracy after each epoch.
+        steps: the step batches of each group of episodes run side by side.
+        wall_s: seconds spent in the rollouts.
+    """
+
+    per_episode: dict[str, np.ndarray]
+    val_acc: np.ndarray
+    steps: list[list[StepBatch]]
+    wall_s: float
+
+
+def run_episodes(
+    config: EnvConfig,
+    data: HostDataModule,
+    make_controller: Callable[[MorphogeneticVecEnv], tuple[Controller, tuple[int, int]]],
+    normalizer: RunningObsNormalizer | None,
+    episodes: int,
+    seed: int,
+    gamma: float,
+    gae_lambda: float,
+    device: str = "cpu",
+    deterministic: bool = True,
+) -> Episodes:
+    """Run ``episodes`` fresh episodes under one controller, ``config.n_envs`` at a time.
+
+    Group ``g`` starts from the same hosts, data order and seed initialisations for every
+    controller (all are keyed by ``EVAL_SEED_BASE + seed + g``), so episodes of two
+    controllers are paired. ``normalizer`` (the learned policy's) is used, never updated;
+    None hands the controller the raw observations, as every untrained one expects.
+    """
+    collector_normalizer: RunningObsNormalizer | RawObservations = (
+        RawObservations() if normalizer is None else normalizer
+    )
+    group = config.n_envs  # as many envs side by side as in training: same data share each
+    parts: dict[str, list[np.ndarray]] = {}
+    curves: list[np.ndarray] = []
+    steps_by_group: list[list[StepBatch]] = []
+    wall = 0.0
+    for g in range(math.ceil(episodes / group)):
+        seed_g = EVAL_SEED_BASE + seed + g
+        torch.manual_seed(seed_g)  # the same initial hosts for every controller
+        env = MorphogeneticVecEnv(config, data, device)
+        env.reseed_data(seed_g)
+        controller, state_shape = make_controller(env)
+        buffer = RolloutBuffer(
+            group, env.decisions_per_episode, env.layout.dim, env.schema, state_shape, device
+        )
+        collector = RolloutCollector(
+            env, controller, collector_normalizer, buffer, gamma, gae_lambda
+        )
+        collector.seed_offset = seed_g  # seeds planted from generators training never used
+        collector.seed_stride = 0
+        steps: list[StepBatch] = []
+        normalizer_state = {k: v.clone() for k, v in collector_normalizer.state_dict().items()}
+        start = time.perf_counter()
+        # A sampling controller draws from the global generator, seeded above after the
+        # hosts were built: the same draws on a repeat, and the same hosts as the others.
+        _, summary = collector.collect(0, on_step=steps.append, deterministic=deterministic)
+        wall += time.perf_counter() - start
+        collector_normalizer.load_state_dict(normalizer_state)  # evaluation must not learn
+        keep = min(group, episodes - g * group)
+        for field_name in EPISODE_FIELDS:
+            values = np.asarray(getattr(summary, field_name), dtype=float)
+            parts.setdefault(field_name, []).append(values[:keep])
+        curve = np.stack([s.val_acc for s in steps] + [steps[-1].next_val_acc], axis=1)
+        curves.append(curve[:keep])
+        steps_by_group.append(steps)
+    return Episodes(
+        per_episode={k: np.concatenate(v) for k, v in parts.items()},
+        val_acc=np.concatenate(curves),
+        steps=steps_by_group,
+        wall_s=wall,
+    )
+
+
+def baseline_controller(name: str, env: MorphogeneticVecEnv) -> tuple[Controller, tuple[int, int]]:
+    """A controller that needs no training (every name of
+    ``esper.simic.evaluate.ALL_CONTROLLERS`` but ``learned``), on ``env``'s device, with the
+    recurrent-state shape the buffer stores.
+
+    Run it with ``run_episodes(..., normalizer=None)``: the heuristic's thresholds are in
+    the units of the raw features, and the others ignore the observation.
+    """
+    builders: dict[str, Callable[[], torch.nn.Module]] = {
+        "heuristic": lambda: HeuristicController(env.layout, env.schema),
+        "scripted": lambda: HeuristicController(
+            env.layout, env.schema, preferring_what_fits(SCRIPTED_GROWTH, env.schema)
+        ),
+        "random": RandomLegalController,
+        "no_growth": NoGrowthController,
+    }
+    return builders[name]().to(env.device), STATE_SHAPE
