@@ -89,22 +89,34 @@ def test_fit_writes_the_promised_scalars_and_a_checkpoint(
     assert "host val accuracy" in out and "parameters added" in out
 
 
-@pytest.mark.parametrize(
-    ("args", "key"),
-    [
-        (["--model.n_envs", "0"], "model.n_envs"),
-        (["--model.ppo.clip_coef", "-1"], "model.ppo.clip_coef"),
-        (["--data.batch_size", "0"], "data.batch_size"),
-    ],
-)
+#: One bad value per config family, and the key ``esper fit`` must name it by.
+BAD_VALUES: dict[str, list[str]] = {
+    "model.n_envs": ["--model.n_envs", "0"],  # EnvConfig
+    "model.ent_coef_final": ["--model.ent_coef_final", "-1"],  # PPOModule itself
+    "model.ppo.clip_coef": ["--model.ppo.clip_coef", "-1"],
+    "model.policy.hidden_size": ["--model.policy.hidden_size", "0"],
+    "model.rewards.param_budget": ["--model.rewards.param_budget", "0"],
+    "model.lifecycle.blend_epochs": ["--model.lifecycle.blend_epochs", "0"],
+    "model.host_optim.momentum": ["--model.host_optim.momentum", "1.5"],
+    "model.normalizer.clip": ["--model.normalizer.clip", "0"],
+    "data.batch_size": ["--data.batch_size", "0"],  # every data module's argument
+    "data.val_fraction": ["--data.val_fraction", "1.5"],  # the digits module's own
+    "callbacks": ["--callbacks", "[no_such_callback]"],
+    # Checked when the run starts, against the ranks: PPOModule.setup's validate_run.
+    "model.ppo.n_minibatches": ["--model.n_envs", "2", "--model.ppo.n_minibatches", "3"],
+}
+
+
+@pytest.mark.parametrize(("key", "args"), BAD_VALUES.items(), ids=list(BAD_VALUES))
 def test_fit_reports_a_bad_config_value_by_its_key(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], key: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str, args: list[str]
 ) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["fit", *args, "--trainer.default_root_dir", str(tmp_path)])
     assert exited.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith(f"esper fit: error: {key}"), err
+    assert err[-1].startswith(f"esper fit: error: {key}: "), err
+    assert "Traceback" not in "\n".join(err)
     assert not list(tmp_path.iterdir()), "a refused run left files behind"
 
 
@@ -149,7 +161,7 @@ def test_a_value_the_user_gives_is_never_dropped_as_carried_over(
     with pytest.raises(SystemExit) as exited:
         main(["fit", "--data", TOKENS, "--data.val_fraction", "0.2", *TINY_TOKEN_RUN, *root])
     assert exited.value.code == 2
-    assert "data.val_fraction applies only with text_path" in capsys.readouterr().err
+    assert "data.val_fraction: applies only with text_path" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -333,11 +345,11 @@ def test_a_checkpoint_io_the_run_brings_is_kept() -> None:
     from lightning.pytorch.plugins.io import TorchCheckpointIO
 
     from esper.callbacks.checkpoint import EsperCheckpointIO
-    from esper.cli import _with_checkpoint_io
+    from esper.cli.options import with_checkpoint_io
 
     own = TorchCheckpointIO()
-    assert _with_checkpoint_io([own]) == [own]
-    (added,) = _with_checkpoint_io(None)
+    assert with_checkpoint_io([own]) == [own]
+    (added,) = with_checkpoint_io(None)
     assert isinstance(added, EsperCheckpointIO)
 
 

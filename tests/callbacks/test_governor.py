@@ -1,5 +1,5 @@
 """The governor restores only the env that panicked, keeps every other env's data, and
-charges the penalty to the transition whose epoch panicked."""
+charges the penalty to the transition whose epoch panicked, which stays in the batch."""
 
 from __future__ import annotations
 
@@ -33,7 +33,10 @@ BUFFER_FIELDS = (
     "terminated",
     "hidden_h",
     "hidden_c",
+    "hidden_restarts",
 )
+#: The routine snapshot before the fault (read SNAPSHOT_EVERY - 1), at this position.
+SNAPSHOT_POS = SNAPSHOT_EVERY - 1
 
 
 def _run(fault: bool) -> tuple[RolloutCollector, GovernorCallback, list[StepBatch]]:
@@ -90,22 +93,32 @@ def test_only_the_faulty_envs_transitions_after_its_snapshot_are_dropped(
     runs: tuple[tuple, tuple],
 ) -> None:
     (clean, _, _), (faulty, _, _) = runs
-    snapshot_pos = SNAPSHOT_EVERY - 1  # the routine snapshot before the fault
     dropped = int(faulty.last_summary.discarded_transitions[FAULTY_ENV])
-    assert dropped == FAULT_STEP + 1 - snapshot_pos
-    kept = slice(0, snapshot_pos)
+    assert dropped == FAULT_STEP - SNAPSHOT_POS  # all since the snapshot but the panicking one
+    before = slice(0, SNAPSHOT_POS)
     for name in ("obs", "actions", "rewards", "log_probs"):
         assert torch.equal(
-            getattr(clean.buffer, name)[FAULTY_ENV, kept],
-            getattr(faulty.buffer, name)[FAULTY_ENV, kept],
+            getattr(clean.buffer, name)[FAULTY_ENV, before],
+            getattr(faulty.buffer, name)[FAULTY_ENV, before],
         )
+    # The panicking transition, as the env acted it (the same as the clean run's until
+    # the fault's epoch), now lies at the snapshot's position.
+    for name in ("obs", "actions", "log_probs", "values", "hidden_h", "hidden_c"):
+        assert torch.equal(
+            getattr(clean.buffer, name)[FAULTY_ENV, FAULT_STEP],
+            getattr(faulty.buffer, name)[FAULTY_ENV, SNAPSHOT_POS],
+        ), name
     # The env kept stepping after its restore, on the restored host: its loss is finite.
     valid = faulty.buffer.valid[FAULTY_ENV]
     n_valid = int(valid.sum())
     assert n_valid == EPISODE_EPOCHS - 1 - dropped - 1  # minus the step it sat out
     assert valid[:n_valid].all() and not valid[n_valid:].any()
     assert torch.isfinite(faulty.buffer.obs[FAULTY_ENV, :n_valid]).all()
+    assert torch.isfinite(faulty.buffer.rewards[FAULTY_ENV, :n_valid]).all()
     assert faulty.buffer.terminated[FAULTY_ENV, n_valid - 1]
+    # The kept transition and the one after it replay from their stored LSTM states.
+    restarts = faulty.buffer.hidden_restarts[FAULTY_ENV].nonzero().flatten().tolist()
+    assert restarts == [SNAPSHOT_POS, SNAPSHOT_POS + 1]
 
 
 def test_the_rollback_penalty_is_charged_to_the_restored_env(runs: tuple[tuple, tuple]) -> None:
@@ -126,17 +139,41 @@ def test_the_penalty_is_charged_to_the_transition_whose_epoch_panicked(
     charged = {s.step: s.reward_components["rollback"][FAULTY_ENV] for s in steps}
     assert charged[FAULT_STEP] == -penalty
     assert all(c == 0 for step, c in charged.items() if step != FAULT_STEP)
-    # The reward stored for that transition (position FAULT_STEP: nothing was dropped
-    # before it, and the restored env's few later steps write below it) carries it.
-    stored = faulty.buffer.rewards[FAULTY_ENV, FAULT_STEP]
+    # That transition stays in the PPO batch, moved to the snapshot's position, and its
+    # stored reward carries the penalty.
+    batch = faulty.last_batch
+    assert batch.valid[FAULTY_ENV, SNAPSHOT_POS]
+    stored = faulty.buffer.rewards[FAULTY_ENV, SNAPSHOT_POS]
     assert stored.item() == pytest.approx(steps[FAULT_STEP].rewards[FAULTY_ENV])
     assert steps[FAULT_STEP].rewards[FAULTY_ENV] == pytest.approx(
         sum(c[FAULTY_ENV] for c in steps[FAULT_STEP].reward_components.values())
     )
 
 
-def test_training_goes_on_after_a_rollback(runs: tuple[tuple, tuple]) -> None:
+def test_the_update_replays_a_rolled_back_rollout_as_it_was_acted(
+    runs: tuple[tuple, tuple],
+) -> None:
     (_, _, _), (faulty, _, _) = runs
+    batch = faulty.last_batch
+    with torch.no_grad():
+        log_prob, _, value = faulty.policy.evaluate(
+            batch.obs,
+            batch.hidden0,
+            batch.masks,
+            batch.actions,
+            batch.episode_starts,
+            hidden_restarts=batch.hidden_restarts,
+            stored_hidden=batch.hidden,
+        )
+    valid = batch.valid
+    torch.testing.assert_close(log_prob[valid], batch.log_probs[valid])
+    torch.testing.assert_close(value[valid], batch.values[valid])
+    assert torch.isfinite(batch.advantages[valid]).all()
+
+
+def test_training_goes_on_after_a_rollback() -> None:
+    # Its own run: updating the policy and collecting again would change the shared one.
+    faulty, _, _ = _run(fault=True)
     config = PPOConfig(n_minibatches=2, update_epochs=1)
     policy = faulty.policy
     stats = ppo_update(policy, make_optimizer(policy, config), faulty.last_batch, config)

@@ -110,3 +110,107 @@ def test_stored_hidden_state_is_the_one_each_env_acted_from() -> None:
     )
     assert torch.equal(buf.hidden_at(2, 0)[0], h[:, 2])
     assert torch.equal(buf.hidden_at(2, 0)[1], -h[:, 2])
+
+
+def _snapshot(buf: RolloutBuffer, env: int, pos: int) -> dict[str, torch.Tensor]:
+    """Every stored field of ``env``'s transition at ``pos``, cloned."""
+    names = ("obs", "raw_obs", "actions", "log_probs", "values", "rewards", "hidden_h")
+    out = {name: getattr(buf, name)[env, pos].clone() for name in names}
+    out |= {f"mask_{m}": getattr(buf.masks, m)[env, pos].clone() for m in ("op", "slot")}
+    out["hidden_c"] = buf.hidden_c[env, pos].clone()
+    return out
+
+
+def _random_masks_step(
+    buf: RolloutBuffer, g: torch.Generator, active: list[bool] | None = None
+) -> list[int]:
+    """A step whose masks differ per env, so a moved transition's masks can be told apart."""
+    masks = ActionMasks.all_legal(SCHEMA, (E,))
+    masks.op[:] = torch.rand(masks.op.shape, generator=g) < 0.5
+    masks.slot[:] = torch.rand(masks.slot.shape, generator=g) < 0.5
+    hidden = (torch.randn(1, E, H, generator=g), torch.randn(1, E, H, generator=g))
+    obs = torch.randn(E, D, generator=g)
+    return buf.add(
+        obs,
+        obs * 2,
+        torch.randint(0, 2, (E, 4), generator=g),
+        torch.randn(E, generator=g),
+        torch.randn(E, generator=g),
+        masks,
+        hidden,
+        False,
+        active=active,
+    )
+
+
+def test_a_kept_transition_moves_whole_to_the_first_dropped_position_flagged_a_restart() -> None:
+    buf = _buffer()
+    g = torch.Generator().manual_seed(4)
+    for _ in range(4):
+        pos = _random_masks_step(buf, g)
+        buf.set_rewards(pos, torch.randn(E, generator=g), terminated=False)
+    panicked = _snapshot(buf, 1, 3)
+    other = _snapshot(buf, 0, 1)
+    # env 1 restored to a snapshot at position 1: positions 1 and 2 go, the transition
+    # at 3 (whose epoch panicked) is kept at 1.
+    assert buf.invalidate(1, from_step=1, keep=3) == 2
+    assert buf.pos == [4, 2, 4]
+    for name, value in _snapshot(buf, 1, 1).items():
+        assert torch.equal(value, panicked[name]), name
+    for name, value in _snapshot(buf, 0, 1).items():
+        assert torch.equal(value, other[name]), name
+    assert buf.valid[1].tolist() == [True, True, False, False, False]
+    assert buf.hidden_restarts[1].tolist() == [False, True, False, False, False]
+    # The env's next step, acting from the restored state, is flagged too; nobody else's.
+    assert _random_masks_step(buf, g) == [4, 2, 4]
+    assert buf.hidden_restarts.tolist() == [
+        [False] * 5,
+        [False, True, True, False, False],
+        [False] * 5,
+    ]
+    # A later step of that env follows its predecessor again.
+    assert _random_masks_step(buf, g, active=[False, True, False]) == [-1, 3, -1]
+    assert not buf.hidden_restarts[1, 3]
+    buf.reset()
+    assert not buf.hidden_restarts.any()
+
+
+def test_the_kept_transition_bootstraps_from_the_value_of_the_step_after_it() -> None:
+    gamma, lam = 0.9, 0.8
+    buf = _buffer()
+    g = torch.Generator().manual_seed(5)
+    for _ in range(4):
+        pos = _step(buf, g)
+        buf.set_rewards(pos, torch.randn(E, generator=g), terminated=False)
+    buf.invalidate(2, from_step=1, keep=3)
+    pos = _step(buf, g)  # env 2's first step from the restored state, at position 2
+    buf.set_rewards(pos, torch.randn(E, generator=g), terminated=False)
+    bootstrap = torch.randn(E, generator=g)
+    batch = buf.finish(bootstrap, gamma, lam)
+    r, v = buf.rewards[2], buf.values[2]
+    # Env 2's kept segment, 0 -> kept (1) -> post-restore (2), bootstraps from the critic.
+    next_v = torch.stack([v[1], v[2], bootstrap[2]])
+    deltas = r[:3] + gamma * next_v - v[:3]
+    expected = torch.zeros(3)
+    running = torch.zeros(())
+    for t in reversed(range(3)):
+        running = deltas[t] + gamma * lam * running
+        expected[t] = running
+    torch.testing.assert_close(batch.advantages[2, :3], expected)
+    # The kept transition's one-step term is its reward plus the discounted value of the
+    # next stored step: the state the restore sent the env back to.
+    one_step = batch.advantages[2, 1] - gamma * lam * batch.advantages[2, 2]
+    torch.testing.assert_close(one_step, r[1] + gamma * v[2] - v[1])
+    assert batch.valid[2].tolist() == [True, True, True, False, False]
+
+
+def test_a_kept_transition_must_lie_between_the_dropped_position_and_the_cursor() -> None:
+    buf = _buffer()
+    g = torch.Generator().manual_seed(6)
+    for _ in range(3):
+        _step(buf, g)
+    with pytest.raises(ValueError, match=r"\[2, 3\)"):
+        buf.invalidate(0, from_step=2, keep=1)
+    with pytest.raises(ValueError, match=r"\[2, 3\)"):
+        buf.invalidate(0, from_step=2, keep=3)
+    assert buf.pos == [3, 3, 3]

@@ -172,7 +172,7 @@ def test_rewards_come_back_as_named_components() -> None:
 
 
 def test_config_errors_name_the_field_and_the_choices() -> None:
-    with pytest.raises(ValueError, match=r"EnvConfig\.host 'mlp_host'.*cnn"):
+    with pytest.raises(ValueError, match=r"EnvConfig\.host: .*'cnn'.*got 'mlp_host'"):
         EnvConfig(host="mlp_host")
     with pytest.raises(ValueError, match=r"EnvConfig\.reward"):
         EnvConfig(reward="dense")

@@ -157,7 +157,9 @@ def test_update_builds_no_graph_from_observations_that_require_grad() -> None:
     ],
 )
 def test_bad_config_values_are_rejected_naming_the_field(kwargs: dict, field: str) -> None:
-    with pytest.raises(ValueError, match=rf"NormalizerConfig\.{field} must be a finite number > 0"):
+    with pytest.raises(
+        ValueError, match=rf"NormalizerConfig\.{field}: must be a finite number > 0"
+    ):
         NormalizerConfig(**kwargs)
 
 

@@ -19,7 +19,7 @@ from esper.simic.ppo import (
     ppo_update,
 )
 from esper.tamiyo.action_masks import ActionMasks
-from esper.tamiyo.policy import PolicyConfig, PolicyNetwork
+from esper.tamiyo.policy import LSTMState, PolicyConfig, PolicyNetwork
 from tests.simic import bandit_env
 from tests.simic.bandit_env import BEST_ACTION, BanditEnv
 from tests.tamiyo.factories import OBS_DIM, make_policy, random_masks
@@ -39,22 +39,36 @@ def _one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+def _stored_states(acted_from: list[LSTMState]) -> LSTMState:
+    """Per-step ``[layers, E, H]`` states stacked as a buffer stores them, ``[E, T, layers, H]``."""
+    h, c = (torch.stack([state[i] for state in acted_from], 1) for i in (0, 1))
+    return h.permute(2, 1, 0, 3), c.permute(2, 1, 0, 3)
+
+
 def _rollout_batch(
     policy: PolicyNetwork, n_envs: int = 6, n_steps: int = 5, seed: int = 0
 ) -> PPOBatch:
-    """A batch from real act() calls with random masks, starts, rewards and a few invalid steps."""
+    """A batch from real act() calls with random masks, starts, rewards, a few invalid steps
+    and a few hidden restarts (steps acting from a stored state, as after a restore)."""
     g = torch.Generator().manual_seed(seed)
     hidden = policy.initial_state(n_envs)
-    hidden0 = hidden
     obs, starts, step_masks, actions, log_probs, values = [], [], [], [], [], []
+    restarts, acted_from = [], []
     for t in range(n_steps):
         o = torch.randn(n_envs, OBS_DIM, generator=g)
         s = torch.full((n_envs,), t == 0) | (torch.rand(n_envs, generator=g) < 0.2)
+        r = (torch.rand(n_envs, generator=g) < 0.3) & (t > 0)
+        elsewhere = tuple(torch.randn(h.shape, generator=g) for h in hidden)
+        hidden = tuple(
+            torch.where(r.view(1, -1, 1), x, h) for x, h in zip(elsewhere, hidden, strict=True)
+        )
         m = random_masks((n_envs,), g)
         result = policy.act(o, hidden, m, episode_starts=s, generator=g)
+        acted_from.append(hidden)
         hidden = result.hidden
         obs.append(o)
         starts.append(s)
+        restarts.append(r)
         step_masks.append(m)
         actions.append(result.actions)
         log_probs.append(result.log_prob)
@@ -70,8 +84,9 @@ def _rollout_batch(
         advantages=torch.randn(n_envs, n_steps, generator=g),
         returns=torch.randn(n_envs, n_steps, generator=g),
         masks=ActionMasks.stack(step_masks),
-        hidden0=hidden0,
+        hidden=_stored_states(acted_from),
         episode_starts=torch.stack(starts, 1),
+        hidden_restarts=torch.stack(restarts, 1),
         valid=valid,
     )
 
@@ -134,13 +149,46 @@ def test_first_minibatch_starts_on_policy() -> None:
     """Right after the rollout the ratio is 1: evaluate replays act, so KL and clipping are 0."""
     policy = make_policy()
     batch = _rollout_batch(policy)
+    assert batch.hidden_restarts.any(), "the test needs hidden restarts"
     log_prob, entropy, value = policy.evaluate(
-        batch.obs, batch.hidden0, batch.masks, batch.actions, batch.episode_starts
+        batch.obs,
+        batch.hidden0,
+        batch.masks,
+        batch.actions,
+        batch.episode_starts,
+        hidden_restarts=batch.hidden_restarts,
+        stored_hidden=batch.hidden,
     )
     losses = ppo_losses(batch, log_prob, entropy, value, PPOConfig())
     assert losses.approx_kl.abs() < 1e-6
     assert losses.clip_fraction == 0
     assert losses.policy.abs() < 1e-5  # normalised advantages have mean 0
+
+
+def test_the_update_replays_each_minibatch_from_the_stored_states_it_acted_from() -> None:
+    """One minibatch, one epoch: its statistics come from the policy that acted, so a
+    replay that ignored the hidden restarts (or lost them in select_envs) would show a KL."""
+
+    def sharp_policy() -> PolicyNetwork:
+        # Far from uniform, so the action probabilities depend on the LSTM state.
+        policy = make_policy()
+        with torch.no_grad():
+            for head in (policy.op_head, policy.slot_head, policy.blueprint_head):
+                head.weight.mul_(300.0)
+        return policy
+
+    batch = _rollout_batch(sharp_policy())
+    assert batch.hidden_restarts.any(), "the test needs hidden restarts"
+    config = PPOConfig(n_minibatches=1, update_epochs=1)
+    policy = sharp_policy()
+    stats = ppo_update(policy, make_optimizer(policy, config), batch, config)
+    assert stats["approx_kl"].abs() < 1e-6
+    assert stats["clip_fraction"] == 0
+    # Without the flags the same data replays other states.
+    chained = dataclasses.replace(batch, hidden_restarts=torch.zeros_like(batch.hidden_restarts))
+    policy = sharp_policy()
+    stats = ppo_update(policy, make_optimizer(policy, config), chained, config)
+    assert stats["approx_kl"] > 1e-3
 
 
 def test_update_makes_no_host_reads_without_target_kl() -> None:
@@ -230,12 +278,13 @@ LEARNING_CONFIG = PPOConfig(lr=1e-3, gamma=0.0)
 
 def _collect(policy: PolicyNetwork, env: BanditEnv) -> PPOBatch:
     """One episode of ``N_STEPS`` in every env, and GAE (gamma 0: advantage = reward - value)."""
-    hidden0 = hidden = policy.initial_state(N_ENVS)
-    obs, actions, log_probs, values, rewards = [], [], [], [], []
+    hidden = policy.initial_state(N_ENVS)
+    obs, actions, log_probs, values, rewards, acted_from = [], [], [], [], [], []
     for t in range(N_STEPS):
         o = env.observe()
         starts = torch.full((N_ENVS,), t == 0)
         result = policy.act(o, hidden, env.masks(), episode_starts=starts)
+        acted_from.append(hidden)
         hidden = result.hidden
         obs.append(o)
         actions.append(result.actions)
@@ -263,8 +312,9 @@ def _collect(policy: PolicyNetwork, env: BanditEnv) -> PPOBatch:
         advantages=advantages,
         returns=returns,
         masks=ActionMasks.stack([env.masks()] * N_STEPS),
-        hidden0=hidden0,
+        hidden=_stored_states(acted_from),
         episode_starts=starts,
+        hidden_restarts=no_flags,
         valid=torch.ones(N_ENVS, N_STEPS, dtype=torch.bool),
     )
 

@@ -147,9 +147,9 @@ def test_configs_passed_as_dataclasses_save_as_plain_mappings_and_rebuild(tmp_pa
 
 
 def test_a_config_mapping_with_an_unknown_field_names_its_key() -> None:
-    from esper.simic.validation import ConfigError
+    from esper.contracts.config_errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"model\.ppo has no field\(s\) \['learning_rate'\]"):
+    with pytest.raises(ConfigError, match=r"model\.ppo: has no field\(s\) \['learning_rate'\]"):
         PPOModule(ppo={"learning_rate": 1e-3})  # type: ignore[arg-type]
 
 

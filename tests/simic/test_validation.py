@@ -1,4 +1,4 @@
-"""Config validation: every bad value is one ConfigError naming its CLI key and what is allowed."""
+"""Run validation: every bad value is one ConfigError naming its CLI key and what is allowed."""
 
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ from typing import Any
 import pytest
 
 from esper.cli import main
+from esper.cli.bad_input import placed
+from esper.contracts.config_errors import ConfigError
 from esper.kasmina import LifecycleConfig, OptimConfig
 from esper.simic.env_config import EnvConfig
 from esper.simic.module import PPOModule
 from esper.simic.normalizer import NormalizerConfig
 from esper.simic.ppo import PPOConfig
 from esper.simic.rewards import RewardConfig
-from esper.simic.validation import CONFIG_KEYS, ConfigError, config_error_from, validate_run
+from esper.simic.validation import CONFIG_KEYS, cli_key_of, validate_run
 from esper.tamiyo.policy import PolicyConfig
 from esper.tolaria.data import SyntheticImageDataModule, TokenSequenceDataModule
 
@@ -39,8 +41,8 @@ def expect(
     with pytest.raises(ConfigError) as info:
         validate_run(module or small_module(), small_data() if data is None else data, world)
     error = info.value
-    assert error.key == key, str(error)
-    assert str(error).startswith(key), str(error)
+    assert error.key == key and error.owner is None, str(error)
+    assert str(error).startswith(f"{key}: "), str(error)
     for text in allowed:
         assert text in str(error), f"{text!r} missing from: {error}"
     return error
@@ -82,11 +84,14 @@ def test_model_top_level_keys() -> None:
     module.ent_coef_final = -0.5
     expect("model.ent_coef_final", ">= 0", "null", module=module)
 
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(ConfigError) as info:
         small_module(n_envs=0)
-    error = config_error_from(info.value)
-    assert error is not None and error.key == "model.n_envs"
-    assert str(error) == "model.n_envs must be an int >= 1, got 0"
+    assert (info.value.owner, info.value.key) == (EnvConfig, "n_envs")
+    assert str(placed(info.value)) == "model.n_envs: must be an int >= 1, got 0"
+
+    with pytest.raises(ConfigError) as info:
+        small_module(ent_coef_final=-1.0)
+    assert str(info.value).startswith("model.ent_coef_final: must be a finite number >= 0")
 
 
 # (config attribute path on the module, field, bad value, CLI key, allowed values shown)
@@ -100,14 +105,14 @@ DATACLASS_CASES = [
         "model.lifecycle",
         "finite",
     ),
-    ("env_config.optim", OptimConfig, "momentum", 1.5, "model.host_optim", "[0, 1)"),
+    ("env_config.optim", OptimConfig, "momentum", 1.5, "model.host_optim", "in [0, 1)"),
     ("env_config.optim", OptimConfig, "host_lr", 0.0, "model.host_optim", "> 0"),
-    ("env_config.rewards", RewardConfig, "param_budget", 0, "model.rewards", "int > 0"),
+    ("env_config.rewards", RewardConfig, "param_budget", 0, "model.rewards", "int >= 1"),
     ("env_config.rewards", RewardConfig, "wasted_op_penalty", -1.0, "model.rewards", ">= 0"),
     ("policy_config", PolicyConfig, "hidden_size", True, "model.policy", "int >= 1"),
     ("policy_config", PolicyConfig, "value_head_init_gain", 0.0, "model.policy", "> 0"),
     ("ppo_config", PPOConfig, "clip_coef", -1.0, "model.ppo", "> 0"),
-    ("ppo_config", PPOConfig, "gamma", 1.5, "model.ppo", "[0, 1]"),
+    ("ppo_config", PPOConfig, "gamma", 1.5, "model.ppo", "in [0, 1]"),
     ("ppo_config", PPOConfig, "target_kl", 0.0, "model.ppo", "None (null)"),
     ("ppo_config", PPOConfig, "normalize_advantages", 1, "model.ppo", "true or false"),
     ("normalizer_config", NormalizerConfig, "clip", 0.0, "model.normalizer", "> 0"),
@@ -123,12 +128,14 @@ def test_config_object_keys(
     path: str, cls: type, field: str, bad: object, prefix: str, allowed: str
 ) -> None:
     key = f"{prefix}.{field}"
-    # As the CLI builds it: the class refuses the value, and the error is named by its key.
-    with pytest.raises(ValueError) as info:
+    # As the CLI builds it: the class refuses the field, and the CLI puts it under its key.
+    with pytest.raises(ConfigError) as info:
         cls(**{field: bad})
-    error = config_error_from(info.value)
-    assert error is not None and error.key == key
-    assert str(error).startswith(key) and allowed in str(error), str(error)
+    assert (info.value.owner, info.value.key) == (cls, field)
+    assert str(info.value).startswith(f"{cls.__name__}.{field}: "), str(info.value)
+    assert cli_key_of(cls) == prefix
+    error = placed(info.value)
+    assert error.key == key and str(error).startswith(f"{key}: ") and allowed in str(error)
     # Set after construction: validate_run catches it when the run starts.
     module = small_module()
     config = module
@@ -149,10 +156,11 @@ def test_data_keys() -> None:
         world=2,
     )
     expect("data.batch_size", "<= 8", data=small_data(n_train=8, batch_size=16))
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(ConfigError) as info:
         small_data(batch_size=0)
-    error = config_error_from(info.value)
-    assert error is not None and error.key == "data.batch_size" and ">= 1" in str(error)
+    assert info.value.owner is SyntheticImageDataModule and info.value.key == "batch_size"
+    error = placed(info.value)
+    assert error.key == "data.batch_size" and ">= 1" in str(error)
     expect("data", "HostDataModule", data=object())
 
 
@@ -177,13 +185,21 @@ def test_host_and_host_kwargs_keys() -> None:
     expect(
         "model.host_kwargs.chanels",
         "not an argument of host 'cnn'",
-        "allowed keys: ['channels']",
+        "allowed keys: ['channels', 'convs_per_stage']",
         module=small_module(host_kwargs={"chanels": [4]}),
     )
     expect(
         "model.host_kwargs.channels",
         "positive widths",
         module=small_module(host_kwargs={"channels": [0]}),
+    )
+    # Of two arguments, the one without which the host builds is named.
+    expect(
+        "model.host_kwargs.n_heads",
+        "refused by host 'transformer'",
+        "multiple of n_heads",
+        module=small_module(host="transformer", host_kwargs={"n_layers": 1, "n_heads": 5}),
+        data=TokenSequenceDataModule(n_train=32, n_val=8, batch_size=8),
     )
     expect(
         "model.host_kwargs.vocab_size",
@@ -197,7 +213,7 @@ def test_host_and_host_kwargs_keys() -> None:
 def test_blueprint_keys() -> None:
     module = small_module()
     force(module.env_config, blueprints=("conv_light", "nope"))
-    expect("model.blueprints", "'nope'", "allowed: ['conv_light'", module=module)
+    expect("model.blueprints", "['nope']", "allowed: ['conv_light'", module=module)
     expect(
         "model.blueprints",
         "'conv_light', which fits no slot of host 'transformer'",
@@ -208,17 +224,15 @@ def test_blueprint_keys() -> None:
         ),
         data=TokenSequenceDataModule(n_train=32, n_val=8, batch_size=8),
     )
-    expect(
-        "model.blueprints",
-        "['norm'] more than once",
-        module=small_module(blueprints=["norm", "norm"]),
-    )
+    module = small_module()
+    force(module.env_config, blueprints=("norm", "norm"))
+    expect("model.blueprints", "['norm'] more than once", module=module)
 
 
 def test_reward_name_and_budget_keys() -> None:
     module = small_module()
     force(module.env_config, reward="dense")
-    expect("model.reward", "'dense'", "['shaped', 'sparse']", module=module)
+    expect("model.reward", "got 'dense'", "['shaped', 'sparse']", module=module)
     expect(
         "model.rewards.param_budget",
         "allowed: model.rewards.param_budget >= ",
@@ -227,7 +241,14 @@ def test_reward_name_and_budget_keys() -> None:
 
 
 def test_n_envs_must_divide_across_ranks() -> None:
-    expect("model.n_envs", "6", "4 ranks", "nearest 4 or 8", module=small_module(n_envs=6), world=4)
+    expect(
+        "model.n_envs",
+        "6 envs",
+        "4 ranks",
+        "nearest 4 or 8",
+        module=small_module(n_envs=6),
+        world=4,
+    )
     expect("model.n_envs", "a multiple of 4, nearest 4", module=small_module(n_envs=3), world=4)
     expect("trainer.devices", ">= 1", world=0)
 
@@ -252,10 +273,11 @@ def test_paired_envs_needs_two_envs_per_rank() -> None:
     )
 
 
-def test_config_error_keeps_its_key_through_pickling() -> None:
-    error = pickle.loads(pickle.dumps(ConfigError("model.n_envs", "model.n_envs must be >= 1")))
-    assert error.key == "model.n_envs" and str(error) == "model.n_envs must be >= 1"
-    assert str(ConfigError("data.seed", "must be >= 0")) == "data.seed: must be >= 0"
+def test_a_config_error_keeps_its_key_and_owner_through_pickling() -> None:
+    error = pickle.loads(pickle.dumps(ConfigError("clip_coef", "must be > 0", PPOConfig)))
+    assert (error.key, error.message, error.owner) == ("clip_coef", "must be > 0", PPOConfig)
+    assert str(error) == "PPOConfig.clip_coef: must be > 0"
+    assert str(placed(error)) == "model.ppo.clip_coef: must be > 0"
 
 
 # ----------------------------------------------------------------- as the user sees it
@@ -271,8 +293,6 @@ def run_fit(
         argv += ["--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false"]
         try:
             main(argv)
-        except ConfigError as exc:
-            return str(exc)
         except SystemExit as exc:
             assert exc.code not in (0, None)
             return capsys.readouterr().err
@@ -283,7 +303,7 @@ def run_fit(
 
 def test_cli_names_a_bad_range_by_its_key(run_fit: typing.Callable[..., str]) -> None:
     err = run_fit("--model.ppo.clip_coef", "-1")
-    assert "model.ppo.clip_coef must be a finite number > 0, got -1.0" in err
+    assert "model.ppo.clip_coef: must be a finite number > 0, got -1.0" in err
     assert "Union" not in err  # not jsonargparse's wrapper
 
 
@@ -295,5 +315,5 @@ def test_cli_names_a_bad_type_by_its_key(run_fit: typing.Callable[..., str]) -> 
 
 def test_cli_names_a_host_that_does_not_fit_the_data(run_fit: typing.Callable[..., str]) -> None:
     err = run_fit("--model.host", "transformer")
-    assert "model.host='transformer' cannot be built for the data DigitsDataModule" in err
+    assert "model.host: 'transformer' cannot be built for the data DigitsDataModule" in err
     assert "hosts that build for this data: ['cnn']" in err

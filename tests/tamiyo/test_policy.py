@@ -160,6 +160,65 @@ def test_evaluate_replays_act_exactly_including_episode_resets() -> None:
     assert not torch.allclose(value_no_reset, data["value"], atol=TOL)
 
 
+def test_evaluate_starts_flagged_steps_from_their_stored_state() -> None:
+    """After a governor restore an env acts from a stored state, not from its previous
+    step's output; given the flags and the stored states, the replay matches act, also
+    where a restart and an episode start fall on the same step (act reset after)."""
+    policy = make_policy(config=PolicyConfig(hidden_size=32, lstm_layers=2))
+    n_envs, n_steps = 4, 6
+    g = torch.Generator().manual_seed(3)
+    restarts = torch.rand(n_envs, n_steps, generator=g) < 0.4
+    starts = torch.rand(n_envs, n_steps, generator=g) < 0.2
+    restarts[0, 2], starts[0, 2] = True, True
+    restarts[1, 3], starts[1, 3] = True, False
+    hidden = policy.initial_state(n_envs)
+    keep: dict[str, list[torch.Tensor]] = {k: [] for k in ("obs", "actions", "log_prob", "value")}
+    step_masks, acted_from = [], []
+    for t in range(n_steps):
+        stored = tuple(torch.randn(s.shape, generator=g) for s in hidden)
+        flag = restarts[:, t].view(1, -1, 1)
+        hidden = tuple(torch.where(flag, x, h) for x, h in zip(stored, hidden, strict=True))
+        obs = torch.randn(n_envs, OBS_DIM, generator=g)
+        masks = random_masks((n_envs,), g)
+        result = policy.act(obs, hidden, masks, episode_starts=starts[:, t], generator=g)
+        acted_from.append(hidden)
+        hidden = result.hidden
+        for key, value in (
+            ("obs", obs),
+            ("actions", result.actions),
+            ("log_prob", result.log_prob),
+            ("value", result.value),
+        ):
+            keep[key].append(value)
+        step_masks.append(masks)
+    data = {k: torch.stack(v, dim=1) for k, v in keep.items()}
+    masks = ActionMasks.stack(step_masks)
+    # As the buffer stores them: [E, T, layers, H].
+    stored_hidden = tuple(
+        torch.stack([state[i] for state in acted_from], 1).permute(2, 1, 0, 3) for i in (0, 1)
+    )
+
+    def replay(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        log_prob, _, value = policy.evaluate(
+            data["obs"],
+            acted_from[0],
+            masks,
+            data["actions"],
+            starts,
+            hidden_restarts=flags,
+            stored_hidden=stored_hidden,
+        )
+        return log_prob, value
+
+    log_prob, value = replay(restarts)
+    torch.testing.assert_close(log_prob, data["log_prob"], atol=TOL, rtol=TOL)
+    torch.testing.assert_close(value, data["value"], atol=TOL, rtol=TOL)
+    _, chained = replay(torch.zeros_like(restarts))
+    assert not torch.allclose(chained, data["value"], atol=TOL)
+    with pytest.raises(ValueError, match="together"):
+        policy.evaluate(data["obs"], acted_from[0], masks, data["actions"], starts, restarts)
+
+
 def test_act_and_evaluate_make_no_host_reads() -> None:
     policy = make_policy()
     n_envs, n_steps = 4, 3
@@ -179,6 +238,11 @@ def test_act_and_evaluate_make_no_host_reads() -> None:
             seq_masks,
             result.actions.unsqueeze(1).expand(n_envs, n_steps, 4),
             starts.unsqueeze(1).expand(n_envs, n_steps),
+            hidden_restarts=~starts.unsqueeze(1).expand(n_envs, n_steps),
+            stored_hidden=tuple(
+                s.transpose(0, 1).unsqueeze(1).expand(n_envs, n_steps, *s.shape[::2])
+                for s in result.hidden
+            ),
         )
         (log_prob.sum() + entropy.sum() + value.sum()).backward()
     assert counter.count == 0, counter.report()

@@ -6,10 +6,11 @@ of each env. A panic (a non-finite training loss, or one more than ``sigma`` sta
 deviations above the env's recent history) is decided on the device by the rollout's
 panic test, configured with this governor's :class:`~esper.simic.control.PanicConfig`;
 its ``[E]`` code rides in the step's packed transfer. On a panic the governor asks the
-rollout to restore that env alone from its latest snapshot (which drops that env's
-transitions since the snapshot) and charges the rollback penalty
-(``RewardConfig.rollback_penalty``) to the transition whose epoch panicked. Every other
-env keeps all its transitions.
+rollout to restore that env alone from its latest snapshot and charges the rollback
+penalty (``RewardConfig.rollback_penalty``) to the transition whose epoch panicked. The
+restore drops that env's transitions since the snapshot but that one, which stays in the
+batch as the last before the restore, so PPO learns the penalty (and GAE bootstraps it
+from the restored state's value). Every other env keeps all its transitions.
 
 The rollout calls :meth:`GovernorCallback.steer` at each read, through the control surface
 of :mod:`esper.simic.control`; :class:`~esper.simic.module.PPOModule` registers the

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from esper.contracts import BlendMode, IllegalTransitionError, SeedStage, check_transition
-from esper.contracts.checks import is_finite_real
+from esper.contracts.config_errors import owned_by, require_int, require_number
 from esper.contracts.stages import COOLDOWN_PATH, LIVE_STAGES, next_on_success_path
 from esper.kasmina.blending import blend_alpha
 
@@ -57,16 +57,13 @@ class LifecycleConfig:
             "embargo_epochs": 1,  # each cool-down stage lasts at least one epoch
             "reset_epochs": 1,
         }
-        for name, minimum in minimums.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(
-                    f"LifecycleConfig.{name} must be an int >= {minimum}, got {value!r}"
-                )
-        value = self.min_contribution
-        if not is_finite_real(value):
-            raise ValueError(
-                f"LifecycleConfig.min_contribution must be a finite number, got {self.min_contribution!r}"
+        with owned_by(self):
+            for name, minimum in minimums.items():
+                require_int(name, getattr(self, name), minimum)
+            require_number(
+                "min_contribution",
+                self.min_contribution,
+                hint="a difference in val accuracy (with the seed minus without), e.g. 0.0 or 0.01",
             )
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from esper.contracts.config_errors import owned_by, require_choice, require_number
 
 #: Learning-rate schedules over an episode (see ``OptimConfig.lr_schedule``).
 LR_SCHEDULES: tuple[str, ...] = ("cosine", "constant")
@@ -53,37 +54,15 @@ class OptimConfig:
     final_lr_fraction: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("host_lr", "seed_lr", "momentum", "weight_decay"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise ValueError(f"OptimConfig.{name} must be a real number, got {value!r}")
-        for name in ("host_lr", "seed_lr"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value <= 0:
-                raise ValueError(
-                    f"OptimConfig.{name} must be a finite number > 0, got {value!r}; "
-                    "typical values are 1e-3 to 1e-1"
+        with owned_by(self):
+            for name in ("host_lr", "seed_lr"):
+                require_number(
+                    name, getattr(self, name), above=0.0, hint="typical values are 1e-3 to 1e-1"
                 )
-        if not math.isfinite(self.momentum) or not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"OptimConfig.momentum must be in [0, 1), got {self.momentum!r}")
-        if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
-            raise ValueError(
-                f"OptimConfig.weight_decay must be finite and >= 0, got {self.weight_decay!r}"
-            )
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise ValueError(
-                f"OptimConfig.lr_schedule must be one of {list(LR_SCHEDULES)}, "
-                f"got {self.lr_schedule!r}"
-            )
-        fraction = self.final_lr_fraction
-        if (
-            isinstance(fraction, bool)
-            or not isinstance(fraction, numbers.Real)
-            or not 0.0 <= fraction <= 1.0
-        ):
-            raise ValueError(
-                f"OptimConfig.final_lr_fraction must be a number in [0, 1], got {fraction!r}"
-            )
+            require_number("momentum", self.momentum, at_least=0.0, below=1.0)
+            require_number("weight_decay", self.weight_decay, at_least=0.0)
+            require_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
+            require_number("final_lr_fraction", self.final_lr_fraction, at_least=0.0, at_most=1.0)
 
     def lr_factor(self, progress: float) -> float:
         """Multiplier of the base learning rates at ``progress`` in [0, 1] through an episode."""

@@ -2,8 +2,12 @@
 
 Each env writes at its own cursor, so a governor rollback can invalidate one env's
 transitions from a given step (its cursor moves back and later steps overwrite them)
-without touching any other env's data. Writes are device-to-device copies; the cursors
-are Python ints, which Python already knows, so nothing is read back.
+without touching any other env's data. It may keep one of them, the transition whose
+epoch panicked: that one moves down to the first dropped position, so its penalty reaches
+PPO. The kept transition and the env's next one are flagged ``hidden_restarts``: each
+acted from its stored LSTM state, not from the previous stored step's output, and the
+recurrent replay must start from it. Writes are device-to-device copies; the cursors are
+Python ints, which Python already knows, so nothing is read back.
 """
 
 from __future__ import annotations
@@ -16,10 +20,26 @@ from torch import Tensor
 from esper.contracts import ActionSchema
 from esper.contracts.actions import N_HEADS
 from esper.simic.gae import compute_gae
-from esper.simic.ppo import PPOBatch
+from esper.simic.ppo_batch import PPOBatch
 from esper.tamiyo.action_masks import ActionMasks
 
 LSTMState = tuple[Tensor, Tensor]
+
+#: The per-step ``[E, T, ...]`` tensors of a transition (the masks aside), moved together.
+_STEP_FIELDS = (
+    "obs",
+    "raw_obs",
+    "actions",
+    "log_probs",
+    "values",
+    "rewards",
+    "terminated",
+    "truncated",
+    "valid",
+    "episode_starts",
+    "hidden_h",
+    "hidden_c",
+)
 
 
 class RolloutBuffer:
@@ -28,8 +48,9 @@ class RolloutBuffer:
     Shapes: ``obs [E, T, D]`` (normalised, as the policy saw it), ``raw_obs [E, T, D]``
     (for the normaliser's once-per-rollout update), ``actions [E, T, 4]``, ``log_probs``,
     ``values``, ``rewards [E, T]``, ``terminated``/``truncated``/``valid``/
-    ``episode_starts [E, T]`` bool, ``masks`` batch ``[E, T]``, and the LSTM state each step
-    started from, ``hidden_h``/``hidden_c [E, T, layers, H]``.
+    ``episode_starts [E, T]`` bool, ``masks`` batch ``[E, T]``, the LSTM state each step
+    started from, ``hidden_h``/``hidden_c [E, T, layers, H]``, and ``hidden_restarts [E, T]``
+    bool: the step acted from that stored state rather than from the previous step's.
     """
 
     def __init__(
@@ -63,17 +84,22 @@ class RolloutBuffer:
         layers, hidden = lstm_shape
         self.hidden_h = zeros(layers, hidden)
         self.hidden_c = zeros(layers, hidden)
+        self.hidden_restarts = zeros(dtype=torch.bool)
         self.masks = ActionMasks.all_legal(schema, (e, t), self.device)
         self.pos: list[int] = [0] * n_envs
+        #: Per env: its next written step is a hidden restart (it follows an invalidate).
+        self._restart_next: list[bool] = [False] * n_envs
 
     # ----------------------------------------------------------------- writing
     def reset(self) -> None:
         """Start a new rollout: every cursor at 0, every step invalid."""
         self.pos = [0] * self.n_envs
+        self._restart_next = [False] * self.n_envs
         self.valid.zero_()
         self.terminated.zero_()
         self.truncated.zero_()
         self.episode_starts.zero_()
+        self.hidden_restarts.zero_()
         self.rewards.zero_()
 
     def _where(
@@ -114,7 +140,8 @@ class RolloutBuffer:
         (-1 for inactive envs).
 
         ``hidden`` is the LSTM state the policy acted from, ``[layers, E, H]`` each. Inactive
-        envs (just rolled back) write nothing and keep their cursor.
+        envs (just rolled back) write nothing and keep their cursor. An env's first step
+        after :meth:`invalidate` is flagged a hidden restart.
         """
         envs, steps, rows = self._where(active)
         pick: Tensor | slice = slice(None)
@@ -137,9 +164,13 @@ class RolloutBuffer:
         self.terminated[envs, steps] = False
         self.truncated[envs, steps] = False
         self.episode_starts[envs, steps] = episode_start
+        self.hidden_restarts[envs, steps] = False
         written = [-1] * self.n_envs
         for e in rows:
             written[e] = self.pos[e]
+            if self._restart_next[e]:
+                self.hidden_restarts[e, self.pos[e]] = True  # a device fill, no read
+                self._restart_next[e] = False
             self.pos[e] += 1
         return written
 
@@ -159,10 +190,15 @@ class RolloutBuffer:
         self.rewards[envs, steps] = rewards.index_select(0, envs)
         self.terminated[envs, steps] = terminated
 
-    def invalidate(self, env: int, from_step: int) -> int:
+    def invalidate(self, env: int, from_step: int, keep: int | None = None) -> int:
         """Drop ``env``'s transitions from ``from_step`` on; its later steps overwrite them.
 
-        Returns how many transitions were dropped.
+        ``keep``, a position in ``[from_step, cursor)``, spares one of them (a governor
+        restore keeps the transition whose epoch panicked, so its penalty is learned): it
+        moves to ``from_step`` whole (observation, action, log-prob, value, reward, masks
+        and the LSTM state it acted from) and is flagged a hidden restart, as is the env's
+        next written step, which acts from a restored state. Returns how many transitions
+        were dropped (the kept one not counted).
         """
         if not 0 <= env < self.n_envs:
             raise IndexError(f"env {env} out of range for {self.n_envs} envs")
@@ -170,12 +206,34 @@ class RolloutBuffer:
             raise ValueError(
                 f"env {env} can be invalidated from a step in [0, {self.pos[env]}], got {from_step}"
             )
-        self.valid[env, from_step:] = False
-        self.terminated[env, from_step:] = False
-        self.truncated[env, from_step:] = False
-        dropped = self.pos[env] - from_step
-        self.pos[env] = from_step
+        start = from_step
+        if keep is not None:
+            if not from_step <= keep < self.pos[env]:
+                raise ValueError(
+                    f"env {env}: the kept transition must lie in [{from_step}, {self.pos[env]}), "
+                    f"got {keep}"
+                )
+            if keep != from_step:
+                self._move(env, keep, from_step)
+            self.hidden_restarts[env, from_step] = True
+            start = from_step + 1
+        self.valid[env, start:] = False
+        self.terminated[env, start:] = False
+        self.truncated[env, start:] = False
+        self.hidden_restarts[env, start:] = False
+        dropped = self.pos[env] - start
+        self.pos[env] = start
+        self._restart_next[env] = True
         return dropped
+
+    def _move(self, env: int, src: int, dst: int) -> None:
+        """Copy ``env``'s transition at ``src`` over the one at ``dst`` (on the device)."""
+        for name in _STEP_FIELDS:
+            tensor = getattr(self, name)
+            tensor[env, dst] = tensor[env, src]
+        for name in ("op", "slot", "blueprint", "blend"):
+            mask = getattr(self.masks, name)
+            mask[env, dst] = mask[env, src]
 
     def hidden_at(self, env: int, step: int) -> LSTMState:
         """The LSTM state ``env`` acted from at ``step``, ``[layers, H]`` each."""
@@ -209,10 +267,8 @@ class RolloutBuffer:
             advantages=advantages,
             returns=returns,
             masks=self.masks,
-            hidden0=(
-                self.hidden_h[:, 0].transpose(0, 1).contiguous(),
-                self.hidden_c[:, 0].transpose(0, 1).contiguous(),
-            ),
+            hidden=(self.hidden_h, self.hidden_c),
             episode_starts=self.episode_starts,
+            hidden_restarts=self.hidden_restarts,
             valid=self.valid,
         )

@@ -12,6 +12,11 @@ when to restore, whom to charge) and keeps its snapshots. Between them sits this
   without an extra read;
 * :class:`RolloutControl`: ``snapshot(env)``, ``request_restore(env, snapshot, reason)``
   and ``penalise(env)``, each about one env only.
+
+A restore keeps the transition the read closes (the one whose epoch was judged), with
+its reward and any penalty, as the last before the restore; only the env's transitions
+between the snapshot and it are dropped. So the penalty reaches PPO, and GAE reads that
+transition as leading back to the snapshot's state.
 """
 
 from __future__ import annotations
@@ -120,9 +125,15 @@ class PanicDetector:
 
 @dataclass(frozen=True)
 class EnvSnapshot:
-    """One env's host at a decision step of a rollout, and where its transitions stood."""
+    """One env's host at a decision step of a rollout, and where its transitions stood.
+
+    ``hidden``: the policy's LSTM state the env acted from at that step, ``(h, c)`` each
+    ``[layers, H]`` (device copies), which a restore resumes from; kept here rather than
+    read from the buffer, where a kept transition may overwrite it.
+    """
 
     host: HostSnapshot
+    hidden: tuple[Tensor, Tensor]
     position: int
     step: int
     rollout: int
@@ -151,12 +162,14 @@ class RolloutControl(Protocol):
     """What a governor may ask of the rollout, one env at a time."""
 
     def snapshot(self, env: int) -> EnvSnapshot:
-        """A copy of ``env``'s host as it is now (device-to-device), to restore it later."""
+        """A copy of ``env``'s host and of the LSTM state it acts from now (device-to-device),
+        to restore both later."""
         ...
 
     def request_restore(self, env: int, snapshot: EnvSnapshot, reason: str) -> None:
         """Restore ``env`` from ``snapshot`` before the next actions; it drops that env's
-        transitions since the snapshot and nothing of any other env."""
+        transitions since the snapshot but the one this read closes (kept as the last
+        before the restore), and nothing of any other env."""
         ...
 
     def penalise(self, env: int) -> None:

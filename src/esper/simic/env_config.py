@@ -12,6 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from esper.contracts import ActionSchema
+from esper.contracts.config_errors import (
+    ConfigError,
+    owned_by,
+    require_bool,
+    require_choice,
+    require_int,
+)
 from esper.kasmina import BLUEPRINTS, HOSTS, HostModel, LifecycleConfig, OptimConfig, SlotShape
 from esper.simic.rewards import REWARDS, RewardConfig
 from esper.tolaria.data.base import HostDataModule
@@ -53,45 +60,41 @@ class EnvConfig:
     paired: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.paired, bool):
-            raise ValueError(f"EnvConfig.paired must be true or false, got {self.paired!r}")
-        if self.amp not in AMP_DTYPES:
-            raise ValueError(f"EnvConfig.amp must be one of {list(AMP_DTYPES)}, got {self.amp!r}")
-        if self.devices is not None and not self.devices:
-            raise ValueError("EnvConfig.devices is empty; pass None to use the module's device")
-        if self.on_oom not in OOM_POLICIES:
-            raise ValueError(
-                f"EnvConfig.on_oom must be one of {list(OOM_POLICIES)}, got {self.on_oom!r}"
+        with owned_by(self):
+            require_bool("paired", self.paired)
+            require_choice("amp", self.amp, AMP_DTYPES)
+            if self.devices is not None and not self.devices:
+                raise ConfigError("devices", "is empty; pass null to use the module's device")
+            require_choice("on_oom", self.on_oom, OOM_POLICIES)
+            require_int("n_envs", self.n_envs, 1)
+            require_int(
+                "episode_epochs",
+                self.episode_epochs,
+                2,
+                hint="one decision needs an epoch before and after it",
             )
-        if isinstance(self.n_envs, bool) or not isinstance(self.n_envs, int) or self.n_envs < 1:
-            raise ValueError(f"EnvConfig.n_envs must be an int >= 1, got {self.n_envs!r}")
-        if (
-            isinstance(self.episode_epochs, bool)
-            or not isinstance(self.episode_epochs, int)
-            or self.episode_epochs < 2
-        ):
-            raise ValueError(
-                f"EnvConfig.episode_epochs must be an int >= 2 (one decision needs an epoch "
-                f"before and after it), got {self.episode_epochs!r}"
+            require_choice("host", self.host, HOSTS.names(), "registered hosts")
+            require_choice("reward", self.reward, REWARDS.names(), "registered reward families")
+            if self.blueprints is not None:
+                self._check_blueprints(self.blueprints)
+
+    @staticmethod
+    def _check_blueprints(names: tuple[str, ...]) -> None:
+        if isinstance(names, str) or not names:
+            raise ConfigError(
+                "blueprints",
+                f"must be a non-empty list of blueprint names, or null for all that fit a "
+                f"slot; got {names!r}",
             )
-        if self.host not in HOSTS:
-            raise ValueError(
-                f"EnvConfig.host {self.host!r} is not a registered host; known: {list(HOSTS.names())}"
+        unknown = [n for n in names if n not in BLUEPRINTS]
+        if unknown:
+            raise ConfigError(
+                "blueprints",
+                f"names unknown blueprints {unknown}; allowed: {list(BLUEPRINTS.names())}",
             )
-        if self.reward not in REWARDS:
-            raise ValueError(
-                f"EnvConfig.reward {self.reward!r} is not a registered reward family; "
-                f"known: {list(REWARDS.names())}"
-            )
-        if self.blueprints is not None:
-            if not self.blueprints:
-                raise ValueError("EnvConfig.blueprints is empty; pass None to allow all that fit")
-            unknown = [b for b in self.blueprints if b not in BLUEPRINTS]
-            if unknown:
-                raise ValueError(
-                    f"EnvConfig.blueprints names unknown blueprints {unknown}; "
-                    f"known: {list(BLUEPRINTS.names())}"
-                )
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ConfigError("blueprints", f"names {repeated} more than once; list each once")
 
 
 def build_host(config: EnvConfig, datamodule: HostDataModule) -> HostModel:

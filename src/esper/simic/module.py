@@ -23,6 +23,7 @@ from lightning.pytorch import LightningModule
 from esper.callbacks.base import EsperCallback
 from esper.callbacks.checkpoint import CheckpointError, newest_checkpoint
 from esper.contracts import ActionSchema, BlendMode
+from esper.contracts.config_errors import ConfigError
 from esper.contracts.rollout import RolloutSummary, StepBatch
 from esper.kasmina import LifecycleConfig, OptimConfig
 from esper.simic.buffer import RolloutBuffer
@@ -34,7 +35,7 @@ from esper.simic.ppo import PPOConfig, make_optimizer, ppo_update
 from esper.simic.rewards import RewardConfig
 from esper.simic.rng import capture_rng_state, restore_rng_state
 from esper.simic.rollout import RolloutCollector, read_packed
-from esper.simic.validation import CONFIG_KEYS, ConfigError, validate_run
+from esper.simic.validation import CONFIG_KEYS, check_ent_coef_final, validate_run
 from esper.tamiyo.policy import PolicyConfig, PolicyNetwork
 from esper.tolaria.data.base import HostDataModule
 
@@ -78,9 +79,7 @@ def _as_config(cls: type[_Config], value: _Config | Mapping[str, Any] | None) ->
         known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         unknown = sorted(set(value) - known)
         if unknown:
-            raise ConfigError(
-                key, f"{key} has no field(s) {unknown}; its fields are {sorted(known)}"
-            )
+            raise ConfigError(key, f"has no field(s) {unknown}; its fields are {sorted(known)}")
         return cls(**value)
     return value  # anything else is reported by validate_run with its key
 
@@ -255,8 +254,7 @@ class PPOModule(LightningModule):
         self.policy_config = _as_config(PolicyConfig, policy)
         self.ppo_config = _as_config(PPOConfig, ppo)
         self.normalizer_config = _as_config(NormalizerConfig, normalizer)
-        if ent_coef_final is not None and not ent_coef_final >= 0:
-            raise ValueError(f"ent_coef_final must be >= 0 or None, got {ent_coef_final!r}")
+        check_ent_coef_final(ent_coef_final)
         self.ent_coef_final = ent_coef_final
         self.policy: PolicyNetwork | None = None
         self._obs_dim = 0

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from esper.contracts.checks import is_finite_real
+from esper.contracts.config_errors import owned_by, require_number
 
 #: Dtype of the running statistics. The sample count outgrows float32's exact integers
 #: (2**24) after a few thousand rollouts, and the merge subtracts nearby means.
@@ -42,12 +42,9 @@ class NormalizerConfig:
     clip: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("eps", "clip"):
-            value = getattr(self, name)
-            if not is_finite_real(value) or value <= 0:
-                raise ValueError(
-                    f"NormalizerConfig.{name} must be a finite number > 0, got {value!r}"
-                )
+        with owned_by(self):
+            for name in ("eps", "clip"):
+                require_number(name, getattr(self, name), above=0.0)
 
 
 class RunningObsNormalizer(nn.Module):

@@ -4,8 +4,9 @@ Modelled on CleanRL's ``ppo.py``: :func:`ppo_update` reads top to bottom as the
 algorithm. What is specific to Esper:
 
 * **Recurrent minibatches.** A minibatch is a subset of *envs*, each with its whole
-  ``T``-step sequence and its stored initial hidden state, so the LSTM is unrolled over
-  exactly the data the rollout saw.
+  ``T``-step sequence, its stored LSTM states and their restart flags
+  (:class:`~esper.simic.ppo_batch.PPOBatch`), so the LSTM is unrolled over exactly the
+  data and from exactly the states the rollout acted from, across governor restores too.
 * **Invalid steps.** A governor rollback drops some transitions of one env. They stay
   in the tensors (shapes are fixed) with ``valid = False`` and are excluded by masked
   means, never by boolean indexing (a host read). Their stored log-probs, values,
@@ -24,16 +25,16 @@ algorithm. What is specific to Esper:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from esper.contracts.checks import is_finite_real
+from esper.contracts.config_errors import owned_by, require_bool, require_int, require_number
 from esper.simic.advantages import leave_one_out
-from esper.tamiyo.action_masks import ActionMasks
-from esper.tamiyo.policy import LSTMState, PolicyNetwork
+from esper.simic.ppo_batch import PPOBatch
+from esper.tamiyo.policy import PolicyNetwork
 
 #: The statistics :func:`ppo_update` returns, each a mean over the minibatches it ran.
 STAT_NAMES: tuple[str, ...] = (
@@ -121,110 +122,19 @@ class PPOConfig:
     advantage_norm_eps: float = 1e-8
 
     def __post_init__(self) -> None:
-        for name in ("lr", "clip_coef", "max_grad_norm", "adam_eps", "advantage_norm_eps"):
-            if not _finite_at_least(getattr(self, name), 0.0, strict=True):
-                raise ValueError(
-                    f"PPOConfig.{name} must be a finite number > 0, got {getattr(self, name)!r}"
-                )
-        for name in ("value_clip_coef", "target_kl"):
-            value = getattr(self, name)
-            if value is not None and not _finite_at_least(value, 0.0, strict=True):
-                raise ValueError(
-                    f"PPOConfig.{name} must be a finite number > 0, or None (null) to disable "
-                    f"it; got {value!r}"
-                )
-        for name in ("vf_coef", "ent_coef"):
-            if not _finite_at_least(getattr(self, name), 0.0, strict=False):
-                raise ValueError(
-                    f"PPOConfig.{name} must be a finite number >= 0, got {getattr(self, name)!r}"
-                )
-        for name in ("update_epochs", "n_minibatches"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"PPOConfig.{name} must be an int >= 1, got {value!r}")
-        for name in ("gamma", "gae_lambda"):
-            value = getattr(self, name)
-            if not _finite_at_least(value, 0.0, strict=False) or value > 1.0:
-                raise ValueError(f"PPOConfig.{name} must be a number in [0, 1], got {value!r}")
-        for name in ("normalize_advantages", "anneal_lr", "paired_envs"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(
-                    f"PPOConfig.{name} must be true or false, got {getattr(self, name)!r}"
-                )
-
-
-def _finite_at_least(value: object, minimum: float, *, strict: bool) -> bool:
-    """A real number (not a bool), finite, and above ``minimum`` (or equal, unless strict)."""
-    if not is_finite_real(value):
-        return False
-    return value > minimum if strict else value >= minimum
-
-
-@dataclass(frozen=True)
-class PPOBatch:
-    """One rollout, env-major, all on the policy's device.
-
-    ``obs [E, T, D]``; ``actions [E, T, 4]`` long; ``log_probs``, ``values``,
-    ``advantages``, ``returns`` ``[E, T]`` float; ``masks`` with batch shape ``[E, T]``;
-    ``hidden0`` the LSTM state before step 0, each ``[layers, E, H]``;
-    ``episode_starts [E, T]`` bool (state is zeroed before these steps);
-    ``valid [E, T]`` bool (False = dropped, contributes nothing).
-    """
-
-    obs: Tensor
-    actions: Tensor
-    log_probs: Tensor
-    values: Tensor
-    advantages: Tensor
-    returns: Tensor
-    masks: ActionMasks
-    hidden0: LSTMState
-    episode_starts: Tensor
-    valid: Tensor
-
-    def __post_init__(self) -> None:
-        env_time = tuple(self.obs.shape[:2])
-        for name in ("log_probs", "values", "advantages", "returns", "episode_starts", "valid"):
-            shape = tuple(getattr(self, name).shape)
-            if shape != env_time:
-                raise ValueError(f"PPOBatch.{name} has shape {shape}, expected [E, T] = {env_time}")
-        if tuple(self.actions.shape[:2]) != env_time or self.actions.dim() != 3:
-            raise ValueError(
-                f"PPOBatch.actions has shape {tuple(self.actions.shape)}, expected [E, T, 4]"
-            )
-        if tuple(self.masks.batch_shape) != env_time:
-            raise ValueError(
-                f"PPOBatch.masks has batch shape {tuple(self.masks.batch_shape)}, expected {env_time}"
-            )
-        for name in ("episode_starts", "valid"):
-            if getattr(self, name).dtype != torch.bool:
-                raise TypeError(f"PPOBatch.{name} must be a bool tensor")
-        for state in self.hidden0:
-            if state.dim() != 3 or state.shape[1] != env_time[0]:
-                raise ValueError(
-                    f"PPOBatch.hidden0 tensors must be [layers, E={env_time[0]}, H], "
-                    f"got {tuple(state.shape)}"
-                )
-
-    @property
-    def n_envs(self) -> int:
-        return self.obs.shape[0]
-
-    def select_envs(self, env_idx: Tensor) -> PPOBatch:
-        """The sub-batch of envs ``env_idx`` (long, on the batch's device), sequences whole."""
-        per_env = {
-            f.name: getattr(self, f.name).index_select(0, env_idx)
-            for f in fields(self)
-            if f.name not in ("masks", "hidden0")
-        }
-        return PPOBatch(
-            **per_env,
-            masks=self.masks.index_envs(env_idx),
-            hidden0=(
-                self.hidden0[0].index_select(1, env_idx),
-                self.hidden0[1].index_select(1, env_idx),
-            ),
-        )
+        with owned_by(self):
+            for name in ("lr", "clip_coef", "max_grad_norm", "adam_eps", "advantage_norm_eps"):
+                require_number(name, getattr(self, name), above=0.0)
+            for name in ("value_clip_coef", "target_kl"):
+                require_number(name, getattr(self, name), above=0.0, null="disable it")
+            for name in ("vf_coef", "ent_coef"):
+                require_number(name, getattr(self, name), at_least=0.0)
+            for name in ("update_epochs", "n_minibatches"):
+                require_int(name, getattr(self, name), 1)
+            for name in ("gamma", "gae_lambda"):
+                require_number(name, getattr(self, name), at_least=0.0, at_most=1.0)
+            for name in ("normalize_advantages", "anneal_lr", "paired_envs"):
+                require_bool(name, getattr(self, name))
 
 
 class PPOLosses(NamedTuple):
@@ -363,7 +273,13 @@ def ppo_update(
             mb = batch.select_envs(env_idx.to(device, non_blocking=True))
 
             new_log_prob, entropy, new_value = policy.evaluate(
-                mb.obs, mb.hidden0, mb.masks, mb.actions, mb.episode_starts
+                mb.obs,
+                mb.hidden0,
+                mb.masks,
+                mb.actions,
+                mb.episode_starts,
+                hidden_restarts=mb.hidden_restarts,
+                stored_hidden=mb.hidden,
             )
             losses = ppo_losses(mb, new_log_prob, entropy, new_value, config)
             loss = losses.policy - ent_coef * losses.entropy + config.vf_coef * losses.value

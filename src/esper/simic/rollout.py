@@ -5,8 +5,8 @@ observation and masks are built on the device, the policy acts for all envs in o
 forward, and a single packed tensor (actions, log-probs, values, host metrics, the panic
 signal) comes back to the host. Python then lets the governor steer, closes the previous
 transition (prices it, stores the reward, hands a host-side :class:`StepBatch` to the step
-hook), carries out any restore the governor asked for, and applies the actions. Nothing
-else reads the device.
+hook), carries out any restore the governor asked for (keeping, for PPO, the transition
+just closed), and applies the actions. Nothing else reads the device.
 
 A governor (:class:`~esper.simic.control.Governor`, e.g. ``esper.callbacks.GovernorCallback``)
 owns its policy and its snapshots; this loop carries out what it asks through the control
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -33,9 +32,10 @@ from esper.contracts.actions import N_HEADS
 from esper.contracts.rollout import LifecycleEvent, RolloutSummary, StepBatch
 from esper.simic.buffer import RolloutBuffer
 from esper.simic.control import PANIC_SIGNAL, EnvSnapshot, Governor, GovernorRead, PanicDetector
-from esper.simic.env import MorphogeneticVecEnv, StepOutcome
+from esper.simic.env import MorphogeneticVecEnv
 from esper.simic.normalizer import RunningObsNormalizer
-from esper.simic.ppo import PPOBatch
+from esper.simic.pending import PendingTransition
+from esper.simic.ppo_batch import PPOBatch
 from esper.simic.rewards import total
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.policy import ActResult, LSTMState
@@ -59,23 +59,6 @@ class Controller(Protocol):
 def read_packed(packed: Tensor) -> np.ndarray:
     """The step's one device-to-host transfer, as a float64 numpy array."""
     return np.asarray(packed.tolist(), dtype=np.float64)
-
-
-@dataclass
-class _Pending:
-    """A transition whose reward waits for the next epoch's metrics."""
-
-    step: int
-    host_epoch: int
-    positions: list[int]
-    actions: np.ndarray
-    log_probs: np.ndarray
-    values: np.ndarray
-    metrics: np.ndarray
-    outcome: StepOutcome
-    legal_ops: np.ndarray
-    mask_rates: dict[str, float]
-    active: np.ndarray
 
 
 class RolloutCollector:
@@ -114,6 +97,11 @@ class RolloutCollector:
         self.governor: Governor | None = None
         self._detector: PanicDetector | None = None
         self._restores: dict[int, EnvSnapshot] = {}
+        #: The LSTM state the envs acted from at the current read (what a snapshot keeps).
+        self._acted_from: LSTMState | None = None
+        #: Per env, positions below this hold a kept transition or what precedes it: a
+        #: later restore (to the same snapshot) drops nothing below it.
+        self._settled = np.zeros(env.n_envs, dtype=np.int64)
         self._charged = np.zeros(env.n_envs, dtype=bool)
         self._steering = False
         self._rollout = self._step = 0
@@ -130,19 +118,28 @@ class RolloutCollector:
         )
 
     def snapshot(self, env: int) -> EnvSnapshot:
-        """A copy of ``env``'s host as it is now (device-to-device), to restore it later."""
+        """A copy of ``env``'s host and of the LSTM state it acts from now (device-to-device),
+        to restore both later. Only from :meth:`Governor.steer`, and not of an env whose
+        restore this read requested (its state is about to be replaced)."""
         self._check_env(env)
+        if not self._steering or self._acted_from is None:
+            raise RuntimeError("snapshot() is only valid inside Governor.steer()")
+        if env in self._restores:
+            raise ValueError(f"env {env} is being restored at this read: no snapshot of it")
         e = self.env
         host = HostSnapshot.take(e.hosts[env], e.host_epoch)
         e.record(LifecycleEvent(kind="snapshot", env=env, host_epoch=e.host_epoch))
-        return EnvSnapshot(host, self.buffer.pos[env], self._step, self._rollout)
+        hidden = (self._acted_from[0][:, env].clone(), self._acted_from[1][:, env].clone())
+        return EnvSnapshot(host, hidden, self.buffer.pos[env], self._step, self._rollout)
 
     def request_restore(self, env: int, snapshot: EnvSnapshot, reason: str) -> None:
         """Restore ``env`` from ``snapshot`` (of this rollout) before the next actions.
 
-        That env alone drops its transitions since the snapshot, resumes the policy state
-        it had there, forgets its panic history and sits out this decision (its action
-        was chosen from a state that no longer exists).
+        That env alone drops its transitions since the snapshot but the one this read
+        closes (the transition whose epoch was judged, kept with its reward and penalty
+        as the last before the restore), resumes the policy state it had at the snapshot,
+        forgets its panic history and sits out this decision (its action was chosen from
+        a state that no longer exists).
         """
         self._check_env(env)
         if snapshot.rollout != self._rollout or env in self._restores:
@@ -183,6 +180,7 @@ class RolloutCollector:
         self._rollout = rollout
         self._rollbacks[:] = 0
         self._discarded[:] = 0
+        self._settled[:] = 0
         if self._detector is not None:
             self._detector.reset()
         training_s = time.perf_counter()
@@ -194,7 +192,7 @@ class RolloutCollector:
         counts = {
             k: np.zeros(env.n_envs, dtype=np.int64) for k in ("germinated", "fossilized", "pruned")
         }
-        pending: _Pending | None = None
+        pending: PendingTransition | None = None
         n_metrics = len(env.metric_columns())
 
         with torch.no_grad():
@@ -218,11 +216,11 @@ class RolloutCollector:
                 actions = host[:, :N_HEADS].astype(np.int64)
                 metrics = host[:, N_HEADS + 2 : N_HEADS + 2 + n_metrics]
                 probes = host[:, N_HEADS + 2 + n_metrics :]
-                self._steer(t, probes, pending)
+                self._steer(t, probes, pending, acted_from)
                 if pending is not None:
                     returns += self._close(pending, metrics, probes, False, rollout, on_step)
                 hidden = act.hidden
-                active, hidden = self._carry_out_restores(hidden)
+                active, hidden = self._carry_out_restores(hidden, pending)
                 outcome = env.apply(actions, metrics, active)
                 for k in counts:
                     counts[k] += getattr(outcome, k)
@@ -237,7 +235,7 @@ class RolloutCollector:
                     t == 0,
                     active=active.tolist(),
                 )
-                pending = _Pending(
+                pending = PendingTransition(
                     step=t,
                     host_epoch=env.host_epoch,
                     positions=positions,
@@ -298,7 +296,13 @@ class RolloutCollector:
         return self._detector(result).float()[:, None]
 
     # ------------------------------------------------------------- governor
-    def _steer(self, step: int, signals: np.ndarray, pending: _Pending | None) -> None:
+    def _steer(
+        self,
+        step: int,
+        signals: np.ndarray,
+        pending: PendingTransition | None,
+        acted_from: LSTMState,
+    ) -> None:
         """Let the governor act on this read before the transition it closes is priced."""
         self._charged[:] = False
         self._step = step
@@ -307,28 +311,38 @@ class RolloutCollector:
         n = self.env.n_envs
         fossilized = np.zeros(n, dtype=bool) if pending is None else pending.outcome.fossilized
         read = GovernorRead(step, self.env.host_epoch, signals[:, 0], fossilized)
-        self._steering = True
+        self._steering, self._acted_from = True, acted_from
         try:
             self.governor.steer(self, read)
         finally:
             self._steering = False
+            self._acted_from = None
 
-    def _carry_out_restores(self, hidden: LSTMState) -> tuple[np.ndarray, LSTMState]:
+    def _carry_out_restores(
+        self, hidden: LSTMState, pending: PendingTransition | None
+    ) -> tuple[np.ndarray, LSTMState]:
         """Restore the envs the governor asked for; which envs act now, and the LSTM state.
 
-        Restored envs do not act this step, and each resumes from the policy state stored
-        at its snapshot's position. Their refusal flags come back with the host: they live
-        on each seed's lifecycle.
+        Each restored env keeps the transition this read closed (just priced: the one
+        whose epoch was judged), moved down to the first position it drops; restored envs
+        do not act this step, and each resumes from the policy state its snapshot kept.
+        Their refusal flags come back with the host: they live on each seed's lifecycle.
         """
         env, buffer = self.env, self.buffer
         active = np.ones(env.n_envs, dtype=bool)
         for e, snap in sorted(self._restores.items()):
             snap.host.restore(env.hosts[e])
-            self._discarded[e] += buffer.invalidate(e, snap.position)
+            start = max(snap.position, int(self._settled[e]))
+            keep = None if pending is None or pending.positions[e] < 0 else pending.positions[e]
+            self._discarded[e] += buffer.invalidate(e, start, keep)
+            if keep is not None:
+                self._settled[e] = buffer.pos[e]
             self._rollbacks[e] += 1
             active[e] = False
-            h, c = buffer.hidden_at(e, snap.position)
-            hidden = (_set_env(hidden[0], e, h), _set_env(hidden[1], e, c))
+            hidden = (
+                _set_env(hidden[0], e, snap.hidden[0]),
+                _set_env(hidden[1], e, snap.hidden[1]),
+            )
             if self._detector is not None:
                 self._detector.forget(e)
         self._restores.clear()
@@ -337,9 +351,9 @@ class RolloutCollector:
     # ------------------------------------------------------------------ pricing
     def _close(
         self,
-        pending: _Pending,
+        pending: PendingTransition,
         after: np.ndarray,
-        probes: np.ndarray,
+        signals: np.ndarray,
         terminal: bool,
         rollout: int,
         on_step: StepHook | None,
@@ -352,36 +366,8 @@ class RolloutCollector:
         rewards = total(components)
         self.buffer.set_rewards(pending.positions, torch.from_numpy(rewards), terminal)
         if on_step is not None:
-            col = env.column
-            on_step(
-                StepBatch(
-                    rollout=rollout,
-                    step=pending.step,
-                    host_epoch=pending.host_epoch,
-                    actions=pending.actions,
-                    log_probs=pending.log_probs,
-                    values=pending.values,
-                    applied=pending.outcome.applied,
-                    refused=pending.outcome.refused,
-                    illegal=pending.outcome.illegal,
-                    rewards=rewards,
-                    reward_components=components,
-                    train_loss=pending.metrics[:, col("train_loss")],
-                    val_loss=pending.metrics[:, col("val_loss")],
-                    val_acc=pending.metrics[:, col("val_acc")],
-                    next_val_acc=after[:, col("val_acc")],
-                    loss_finite=pending.metrics[:, col("loss_finite")] > 0.5,
-                    contribution=pending.metrics[:, env.slot_columns("contribution")],
-                    seed_params=env.seed_params(),
-                    legal_ops=pending.legal_ops,
-                    done=np.full(env.n_envs, terminal),
-                    stages=env.stages(),
-                    events=env.drain_events(),
-                    mask_rates=pending.mask_rates,
-                    probes={} if self._detector is None else {PANIC_SIGNAL: probes[:, 0]},
-                    active=pending.active,
-                )
-            )
+            probes = {} if self._detector is None else {PANIC_SIGNAL: signals[:, 0]}
+            on_step(pending.report(env, rollout, rewards, components, after, terminal, probes))
         else:
             env.drain_events()
         return rewards

@@ -1,41 +1,35 @@
-"""Checks a run's whole configuration when it starts, and names each bad value by its CLI key.
+"""Checks of a run's configuration that no single config can make alone.
 
-Each config dataclass checks its own fields when it is built (``PPOConfig.clip_coef must be
-> 0``), so a value that is wrong on its own fails at once. What only the whole run can
-check lives here, in :func:`validate_run`, called at the start of ``PPOModule.setup``
-when the data module and the number of ranks are known: ``model.n_envs`` split across the
-ranks, the data's batches large enough for every env, the host buildable for the data
-with the given ``model.host_kwargs``, the blueprints fitting the host's slots.
-
-Every failure is one :class:`ConfigError` whose message starts with the key as the user
-typed it (``model.ppo.clip_coef``, ``data.batch_size``) and says which values are allowed.
-:func:`config_error_from` turns the error a config class raised while the CLI built it
-into the same form, so ``esper fit`` can report it by key instead of a traceback.
+Each config checks its own fields when it is built and raises a
+:class:`~esper.contracts.config_errors.ConfigError` naming the field. What only the whole
+run can check lives here, in :func:`validate_run`, called at the start of
+``PPOModule.setup`` when the data module and the number of ranks are known:
+``model.n_envs`` split across the ranks, the data's batches large enough for every env,
+the host buildable for the data with the given ``model.host_kwargs``, the blueprints
+fitting the host's slots and the seed parameter budget. Every failure is a ConfigError
+with the full CLI key (``model.ppo.n_minibatches``) and the allowed values.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
-import numbers
-import re
-import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from esper.contracts.config_errors import ConfigError, require_number
 from esper.kasmina import BLUEPRINTS, HOSTS, HostModel, LifecycleConfig, OptimConfig, SlotShape
 from esper.simic.env_config import EnvConfig
 from esper.simic.normalizer import NormalizerConfig
 from esper.simic.ppo import PPOConfig
-from esper.simic.rewards import REWARDS, RewardConfig
+from esper.simic.rewards import RewardConfig
 from esper.tamiyo.policy import PolicyConfig
 from esper.tolaria.data.base import HostDataModule
 
 if TYPE_CHECKING:
     from esper.simic.module import PPOModule
 
-#: CLI key of each config object ``PPOModule`` takes (its ``__init__`` argument names).
+#: CLI key of each config ``PPOModule`` builds (its ``__init__`` argument names).
 CONFIG_KEYS: dict[type, str] = {
     EnvConfig: "model",
     LifecycleConfig: "model.lifecycle",
@@ -45,35 +39,26 @@ CONFIG_KEYS: dict[type, str] = {
     PPOConfig: "model.ppo",
     NormalizerConfig: "model.normalizer",
 }
-#: ``EnvConfig`` fields whose ``PPOModule`` argument has another name.
-_ENV_FIELD_KEYS = {"optim": "host_optim"}
+#: CLI key of every data module's arguments.
+DATA_KEY = "data"
 #: Host constructor arguments that are never ``host_kwargs``: the run passes them itself.
 _HOST_RESERVED = frozenset({"self", "lifecycle"})
-#: ``<Owner>.<field> rest`` or ``<field> rest``: how config errors start.
-_LEADING_NAME = re.compile(
-    r"^(?:(?P<owner>[A-Za-z_]\w*)\.)?(?P<field>[A-Za-z_]\w*)(?P<rest>.*)$", re.S
-)
-_MULTIPLE_VALUES = re.compile(r"multiple values for (?:keyword )?argument '(?P<name>\w+)'")
-_UNEXPECTED_KWARG = re.compile(r"unexpected keyword argument '(?P<name>\w+)'")
 
 
-class ConfigError(ValueError):
-    """A configuration value is wrong. ``key`` is its CLI key, e.g. ``model.ppo.clip_coef``.
-
-    The message starts with (or at least contains) the key and says which values are
-    allowed, so the user can fix the run without reading a traceback.
-    """
-
-    def __init__(self, key: str, message: str) -> None:
-        self.key = key
-        super().__init__(message if key in message else f"{key}: {message}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Picklable with its key: DDP launchers may carry a rank's exception to the parent.
-        return (type(self), (self.key, str(self)))
+def cli_key_of(owner: type) -> str | None:
+    """Where a config of class ``owner`` sits on the command line; None if nowhere."""
+    if issubclass(owner, HostDataModule):
+        return DATA_KEY
+    return next((CONFIG_KEYS[cls] for cls in owner.__mro__ if cls in CONFIG_KEYS), None)
 
 
-# --------------------------------------------------------------------------- the run
+def check_ent_coef_final(value: object) -> None:
+    """``model.ent_coef_final``: where the entropy coefficient ends, or None to keep it."""
+    require_number(
+        "model.ent_coef_final", value, at_least=0.0, null="keep model.ppo.ent_coef throughout"
+    )
+
+
 def validate_run(module: PPOModule, datamodule: object, world_size: int) -> None:
     """Check everything about a run that no single config object can check alone.
 
@@ -91,57 +76,39 @@ def validate_run(module: PPOModule, datamodule: object, world_size: int) -> None
     envs_per_rank = _check_n_envs(env.n_envs, world_size)
     if not isinstance(datamodule, HostDataModule):
         raise ConfigError(
-            "data",
-            f"data must be an esper.tolaria.data.HostDataModule (e.g. --data DigitsDataModule, "
-            f"SyntheticImageDataModule, TokenSequenceDataModule, Cifar10DataModule), "
-            f"got {type(datamodule).__name__}",
+            DATA_KEY,
+            "must be an esper.tolaria.data.HostDataModule (e.g. --data digits, synthetic, "
+            f"tokens or cifar10; `esper plugins` lists them), got {type(datamodule).__name__}",
         )
     _check_data(datamodule, envs_per_rank, world_size)
     _check_minibatches(module.ppo_config, envs_per_rank, env.n_envs, world_size)
-    _check_reward(env)
-    host = _build_host(env, datamodule)
-    _check_blueprints(env, host)
+    _check_blueprints(env, _build_host(env, datamodule))
 
 
 def _check_configs(module: PPOModule) -> None:
-    """Each config object is of its class and still passes its own field checks."""
+    """Each config is of its class and still passes its own checks (a caller may have
+    changed a field after it was built)."""
     env = module.env_config
-    configs: list[tuple[str, object, type]] = [
-        ("model.lifecycle", env.lifecycle, LifecycleConfig),
-        ("model.host_optim", env.optim, OptimConfig),
-        ("model.rewards", env.rewards, RewardConfig),
-        ("model.policy", module.policy_config, PolicyConfig),
-        ("model.ppo", module.ppo_config, PPOConfig),
-        ("model.normalizer", module.normalizer_config, NormalizerConfig),
-    ]
-    for key, config, cls in configs:
+    configs = (
+        (env, EnvConfig),
+        (env.lifecycle, LifecycleConfig),
+        (env.optim, OptimConfig),
+        (env.rewards, RewardConfig),
+        (module.policy_config, PolicyConfig),
+        (module.ppo_config, PPOConfig),
+        (module.normalizer_config, NormalizerConfig),
+    )
+    for config, cls in configs:
+        key = CONFIG_KEYS[cls]
         if not isinstance(config, cls):
             raise ConfigError(
-                key, f"{key} must be a {cls.__name__} (or null for the defaults), got {config!r}"
+                key, f"must be a {cls.__name__} (or null for the defaults), got {config!r}"
             )
         try:
-            # Rebuilding runs __post_init__ again: catches values changed after construction.
-            dataclasses.replace(config)  # type: ignore[type-var]
-        except (ValueError, TypeError) as exc:
-            raise _keyed(exc, key, cls) from exc
-    for key, value, minimum, why in (
-        ("model.n_envs", env.n_envs, 1, ""),
-        (
-            "model.episode_epochs",
-            env.episode_epochs,
-            2,
-            " (a decision needs an epoch before and after it)",
-        ),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ConfigError(key, f"{key} must be an int >= {minimum}{why}, got {value!r}")
-    final = module.ent_coef_final
-    if final is not None and not (_is_real(final) and math.isfinite(final) and final >= 0):
-        raise ConfigError(
-            "model.ent_coef_final",
-            f"model.ent_coef_final must be a finite number >= 0, or null to keep "
-            f"model.ppo.ent_coef throughout; got {final!r}",
-        )
+            dataclasses.replace(config)  # type: ignore[type-var]  # runs __post_init__ again
+        except ConfigError as exc:
+            raise exc.under(key) from exc
+    check_ent_coef_final(module.ent_coef_final)
 
 
 def _check_n_envs(n_envs: int, world_size: object) -> int:
@@ -155,7 +122,7 @@ def _check_n_envs(n_envs: int, world_size: object) -> int:
         nearest = [v for v in (lower, lower + world_size) if v >= world_size]
         raise ConfigError(
             "model.n_envs",
-            f"model.n_envs={n_envs} must divide evenly across the {world_size} ranks "
+            f"{n_envs} envs do not divide evenly across the {world_size} ranks "
             f"(trainer.devices x trainer.num_nodes); allowed: a multiple of {world_size}, "
             f"nearest {' or '.join(map(str, nearest))}",
         )
@@ -163,31 +130,31 @@ def _check_n_envs(n_envs: int, world_size: object) -> int:
 
 
 def _check_data(datamodule: HostDataModule, envs_per_rank: int, world_size: int) -> None:
-    name = type(datamodule).__name__
     batch = datamodule.batch_size
     if batch < envs_per_rank:
         where = "" if world_size == 1 else f" on each of the {world_size} ranks"
         raise ConfigError(
             "data.batch_size",
-            f"data.batch_size={batch} is smaller than the {envs_per_rank} envs{where}: each "
-            f"train batch is split across the envs and every env needs at least one sample; "
+            f"{batch} is smaller than the {envs_per_rank} envs{where}: each train batch is "
+            f"split across the envs and every env needs at least one sample; "
             f"allowed: data.batch_size >= {envs_per_rank} (or fewer model.n_envs)",
         )
     try:
         n_train, n_val = datamodule.train_size, datamodule.val_size
-    except ValueError as exc:
-        if "batch_size" not in str(exc):
+    except ConfigError as exc:  # the data module refused an argument while loading
+        if exc.owner is None:
             raise
-        raise ConfigError("data.batch_size", f"data.batch_size: {exc}") from exc
+        raise exc.under(DATA_KEY) from exc
+    name = type(datamodule).__name__
     if n_train < batch:
         raise ConfigError(
             "data.batch_size",
-            f"data.batch_size={batch} is larger than the train split of {name} ({n_train} "
-            f"samples), so no full batch is left (the last partial batch is dropped); "
+            f"{batch} is larger than the train split of {name} ({n_train} samples), so no "
+            f"full batch is left (the last partial batch is dropped); "
             f"allowed: {envs_per_rank} <= data.batch_size <= {n_train}",
         )
     if n_val < 1:
-        raise ConfigError("data", f"data: the validation split of {name} is empty")
+        raise ConfigError(DATA_KEY, f"the validation split of {name} is empty")
 
 
 def _check_minibatches(ppo: PPOConfig, envs_per_rank: int, n_envs: int, world_size: int) -> None:
@@ -195,25 +162,16 @@ def _check_minibatches(ppo: PPOConfig, envs_per_rank: int, n_envs: int, world_si
         per_rank = "" if world_size == 1 else f" ({n_envs} / {world_size} ranks)"
         raise ConfigError(
             "model.ppo.n_minibatches",
-            f"model.ppo.n_minibatches={ppo.n_minibatches} exceeds the {envs_per_rank} envs per "
-            f"rank{per_rank}: minibatches split whole env sequences; "
+            f"{ppo.n_minibatches} exceeds the {envs_per_rank} envs per rank{per_rank}: "
+            f"minibatches split whole env sequences; "
             f"allowed: 1 <= model.ppo.n_minibatches <= {envs_per_rank}",
         )
     if ppo.paired_envs and envs_per_rank < 2:
         raise ConfigError(
             "model.ppo.paired_envs",
-            f"model.ppo.paired_envs=true compares each env with the others of its rank, but a "
-            f"rank runs {envs_per_rank} env; set model.n_envs to at least {2 * world_size} "
+            f"true compares each env with the others of its rank, but a rank runs "
+            f"{envs_per_rank} env; set model.n_envs to at least {2 * world_size} "
             "or model.ppo.paired_envs=false",
-        )
-
-
-def _check_reward(env: EnvConfig) -> None:
-    if env.reward not in REWARDS:
-        raise ConfigError(
-            "model.reward",
-            f"model.reward={env.reward!r} is not a registered reward family; "
-            f"allowed: {list(REWARDS.names())}",
         )
 
 
@@ -236,66 +194,58 @@ def _data_desc(datamodule: HostDataModule) -> str:
     )
 
 
+def _from_data(
+    cls: type[HostModel], datamodule: HostDataModule, lifecycle: Any, kwargs: Mapping[str, Any]
+) -> HostModel:
+    return cls.from_data(
+        tuple(datamodule.input_shape), datamodule.n_classes, lifecycle=lifecycle, **kwargs
+    )
+
+
+def _builds(
+    cls: type[HostModel], datamodule: HostDataModule, lifecycle: Any, kwargs: Mapping[str, Any]
+) -> bool:
+    try:
+        _from_data(cls, datamodule, lifecycle, kwargs)
+    except Exception:  # whatever the host refuses with: this only asks whether it builds
+        return False
+    return True
+
+
 def _build_host(env: EnvConfig, datamodule: HostDataModule) -> HostModel:
-    if env.host not in HOSTS:
-        raise ConfigError(
-            "model.host",
-            f"model.host={env.host!r} is not a registered host; allowed: {list(HOSTS.names())}",
-        )
-    cls = HOSTS.get(env.host)
+    cls = HOSTS.get(env.host)  # registered: EnvConfig checked the name
     kwargs = env.host_kwargs
     if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
-        raise ConfigError(
-            "model.host_kwargs",
-            f"model.host_kwargs must map argument names to values, got {kwargs!r}",
-        )
+        raise ConfigError("model.host_kwargs", f"must map argument names to values, got {kwargs!r}")
     accepted, open_kwargs = _host_params(cls)
     unknown = [k for k in kwargs if k not in accepted]
     if unknown and not open_kwargs:
-        key = f"model.host_kwargs.{unknown[0]}"
         raise ConfigError(
-            key,
-            f"{key} is not an argument of host {env.host!r} ({cls.__name__}); "
+            f"model.host_kwargs.{unknown[0]}",
+            f"is not an argument of host {env.host!r} ({cls.__name__}); "
             f"allowed keys: {_settable(cls, accepted, datamodule)}",
         )
     try:
-        return cls.from_data(
-            tuple(datamodule.input_shape),
-            datamodule.n_classes,
-            lifecycle=env.lifecycle,
-            **dict(kwargs),
-        )
+        return _from_data(cls, datamodule, env.lifecycle, kwargs)
     except (ValueError, TypeError, KeyError) as exc:
-        error = exc
-    # Explained outside the handler: CPython reports a repeated keyword argument as a bare
-    # KeyError instead of a TypeError when the call happens while an exception is handled.
-    raise _host_error(error, env, cls, accepted, datamodule) from error
+        raise _host_error(exc, env, cls, accepted, datamodule) from exc
 
 
 def _settable(cls: type[HostModel], accepted: list[str], datamodule: HostDataModule) -> list[str]:
-    """``accepted`` less the arguments the host takes from the data (only on an error path)."""
-    defaults = {
-        p.name: p.default
-        for p in inspect.signature(cls.__init__).parameters.values()
-        if p.default is not p.empty
-    }
-    out = []
-    for name in accepted:
-        if name in defaults:
-            try:
-                cls.from_data(
-                    tuple(datamodule.input_shape), datamodule.n_classes, **{name: defaults[name]}
-                )
-            except TypeError as exc:
-                if _MULTIPLE_VALUES.search(str(exc)):
-                    continue
-            except KeyError as exc:  # the same, when called while an exception is handled
-                if exc.args == (name,):
-                    continue
-            except Exception:  # the data may not suit the host at all: keep the name
-                pass
-        out.append(name)
-    return out
+    """``accepted`` less the arguments the host takes from the data.
+
+    Passing one of those, even at its own default, fails where the bare host builds; the
+    others build at their defaults. When the bare host does not build, all are kept.
+    """
+    if not _builds(cls, datamodule, None, {}):
+        return accepted
+    params = inspect.signature(cls.__init__).parameters
+    return [
+        name
+        for name in accepted
+        if params[name].default is params[name].empty
+        or _builds(cls, datamodule, None, {name: params[name].default})
+    ]
 
 
 def _host_error(
@@ -305,52 +255,38 @@ def _host_error(
     accepted: list[str],
     datamodule: HostDataModule,
 ) -> ConfigError:
-    text = str(exc)
-    taken = _MULTIPLE_VALUES.search(text)
-    name = taken.group("name") if taken else None
-    if isinstance(exc, KeyError):  # a repeated keyword, called while handling an exception
-        name = exc.args[0] if len(exc.args) == 1 else None
-    if isinstance(name, str) and name in env.host_kwargs:
-        key = f"model.host_kwargs.{name}"
+    """The key to blame for a host that did not build: tried, not read from the message."""
+    kwargs = dict(env.host_kwargs)
+    settable = _settable(cls, accepted, datamodule)
+    from_data = [k for k in kwargs if k in accepted and k not in settable]
+    if from_data:
         return ConfigError(
-            key,
-            f"{key} is set by the run from the {_data_desc(datamodule)}; change the data "
-            f"instead; allowed keys: {_settable(cls, accepted, datamodule)}",
+            f"model.host_kwargs.{from_data[0]}",
+            f"is set by the run from the {_data_desc(datamodule)}; change the data "
+            f"instead; allowed keys: {settable}",
         )
-    unexpected = _UNEXPECTED_KWARG.search(text)
-    if unexpected and unexpected.group("name") in env.host_kwargs:
-        key = f"model.host_kwargs.{unexpected.group('name')}"
+    # The one argument without which the host builds is the one at fault.
+    culprits = [
+        k
+        for k in kwargs
+        if _builds(cls, datamodule, env.lifecycle, {n: v for n, v in kwargs.items() if n != k})
+    ]
+    if len(culprits) == 1:
         return ConfigError(
-            key,
-            f"{key} is not accepted by host {env.host!r} ({cls.__name__}): {text}; "
-            f"allowed keys: {_settable(cls, accepted, datamodule)}",
+            f"model.host_kwargs.{culprits[0]}", f"refused by host {env.host!r}: {exc}"
         )
-    match = _LEADING_NAME.match(text)
-    if match and match.group("owner") == cls.__name__ and match.group("field") in env.host_kwargs:
-        key = f"model.host_kwargs.{match.group('field')}"
-        return ConfigError(key, f"{key}{match.group('rest')}")
-    if env.host_kwargs and _builds(cls, datamodule, env.lifecycle):
-        # The host builds for this data without them: the kwargs are at fault.
+    if kwargs and _builds(cls, datamodule, env.lifecycle, {}):
         return ConfigError(
             "model.host_kwargs",
-            f"model.host_kwargs={dict(env.host_kwargs)!r} do not build host {env.host!r} "
-            f"({cls.__name__}) for the {_data_desc(datamodule)}: {text}; "
-            f"allowed keys: {_settable(cls, accepted, datamodule)}",
+            f"{kwargs!r} do not build host {env.host!r} ({cls.__name__}) together for the "
+            f"{_data_desc(datamodule)}: {exc}; allowed keys: {settable}",
         )
-    fitting = [name for name in HOSTS.names() if _builds(HOSTS.get(name), datamodule, None)]
+    fitting = [n for n in HOSTS.names() if _builds(HOSTS.get(n), datamodule, None, {})]
     return ConfigError(
         "model.host",
-        f"model.host={env.host!r} cannot be built for the {_data_desc(datamodule)}: {text}; "
+        f"{env.host!r} cannot be built for the {_data_desc(datamodule)}: {exc}; "
         f"hosts that build for this data: {fitting or 'none'} (or choose another --data)",
     )
-
-
-def _builds(cls: type[HostModel], datamodule: HostDataModule, lifecycle: Any) -> bool:
-    try:
-        cls.from_data(tuple(datamodule.input_shape), datamodule.n_classes, lifecycle=lifecycle)
-    except Exception:
-        return False
-    return True
 
 
 # --------------------------------------------------------------------------- blueprints
@@ -360,41 +296,22 @@ def _shape_desc(slot_id: str, shape: SlotShape) -> str:
 
 
 def _check_blueprints(env: EnvConfig, host: HostModel) -> None:
+    """The named blueprints (registered: EnvConfig checked) fit the host, and the
+    smallest seed the policy could plant fits the parameter budget."""
     shapes = {sid: host.slot(sid).shape for sid in host.slot_ids}
     slots = ", ".join(_shape_desc(sid, sh) for sid, sh in shapes.items())
     fitting = [
         n for n in BLUEPRINTS.names() if any(BLUEPRINTS.get(n).fits(sh) for sh in shapes.values())
     ]
-    names = env.blueprints
-    if names is not None:
-        if isinstance(names, str) or not names:
+    for name in env.blueprints or ():
+        if name not in fitting:
+            reason = BLUEPRINTS.get(name).why_not(next(iter(shapes.values())))
             raise ConfigError(
                 "model.blueprints",
-                f"model.blueprints must be a non-empty list of blueprint names, or null for "
-                f"all that fit; got {names!r}; blueprints that fit host {env.host!r}: {fitting}",
+                f"names {name!r}, which fits no slot of host {env.host!r} (slots: {slots}): "
+                f"{reason}; blueprints that fit: {fitting}",
             )
-        repeated = sorted({n for n in names if list(names).count(n) > 1})
-        if repeated:
-            raise ConfigError(
-                "model.blueprints",
-                f"model.blueprints names {repeated} more than once; list each blueprint once",
-            )
-        for name in names:
-            if name not in BLUEPRINTS:
-                raise ConfigError(
-                    "model.blueprints",
-                    f"model.blueprints names {name!r}, which is not a registered blueprint; "
-                    f"allowed: {list(BLUEPRINTS.names())}",
-                )
-            bp = BLUEPRINTS.get(name)
-            if not any(bp.fits(sh) for sh in shapes.values()):
-                reason = bp.why_not(next(iter(shapes.values())))
-                raise ConfigError(
-                    "model.blueprints",
-                    f"model.blueprints names {name!r}, which fits no slot of host "
-                    f"{env.host!r} (slots: {slots}): {reason}; blueprints that fit: {fitting}",
-                )
-    chosen = list(names) if names is not None else fitting
+    chosen = list(env.blueprints) if env.blueprints is not None else fitting
     if not chosen:
         raise ConfigError(
             "model.host",
@@ -413,92 +330,7 @@ def _check_blueprints(env: EnvConfig, host: HostModel) -> None:
     if smallest > budget:
         raise ConfigError(
             "model.rewards.param_budget",
-            f"model.rewards.param_budget={budget} is below the smallest seed the policy could "
-            f"plant ({bp_name!r} in {slot_id}: {smallest} parameters), so no seed could ever "
-            f"germinate; allowed: model.rewards.param_budget >= {smallest}",
+            f"{budget} is below the smallest seed the policy could plant ({bp_name!r} in "
+            f"{slot_id}: {smallest} parameters), so no seed could ever germinate; "
+            f"allowed: model.rewards.param_budget >= {smallest}",
         )
-
-
-# --------------------------------------------------------------------------- key names
-def _is_real(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _field_names(cls: type) -> set[str]:
-    if dataclasses.is_dataclass(cls):
-        return {f.name for f in dataclasses.fields(cls)}
-    return set(inspect.signature(cls.__init__).parameters) - {"self"}  # type: ignore[misc]
-
-
-def _keyed(exc: BaseException, prefix: str, owner: type) -> ConfigError:
-    """``exc`` raised by ``owner`` (a config class or data module), keyed under ``prefix``."""
-    text = str(exc)
-    match = _LEADING_NAME.match(text)
-    if match and (match.group("owner") in (None, owner.__name__)):
-        field = match.group("field")
-        if field in _field_names(owner):
-            if owner is EnvConfig:
-                field = _ENV_FIELD_KEYS.get(field, field)
-            key = f"{prefix}.{field}"
-            return ConfigError(key, f"{key}{match.group('rest')}")
-    return ConfigError(prefix, f"{prefix}: {text}")
-
-
-def exception_chain(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and its causes and contexts, deepest first."""
-    seen: list[BaseException] = []
-    todo: BaseException | None = exc
-    while todo is not None and all(todo is not s for s in seen):
-        seen.append(todo)
-        todo = todo.__cause__ or todo.__context__
-    return reversed(seen)
-
-
-def _owner_of(exc: BaseException) -> tuple[str, type] | None:
-    """The CLI prefix and class of the innermost config object or module that raised ``exc``."""
-    from esper.simic.module import PPOModule  # here: module.py imports this module
-
-    frames: list[types.FrameType] = []
-    tb = exc.__traceback__
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
-    for frame in reversed(frames):
-        owner = frame.f_locals.get("self")
-        if owner is None:
-            continue
-        for cls, prefix in CONFIG_KEYS.items():
-            if type(owner) is cls:
-                return prefix, cls
-        if isinstance(owner, PPOModule):
-            return "model", type(owner)
-        if isinstance(owner, HostDataModule):
-            return "data", type(owner)
-    return None
-
-
-def config_error_from(exc: BaseException) -> ConfigError | None:
-    """The :class:`ConfigError` behind an error raised while the CLI built the run's objects.
-
-    LightningCLI builds ``PPOConfig`` and friends, the model and the data module from the
-    parsed config; their checks raise ``ValueError("PPOConfig.clip_coef must be > 0 ...")``
-    and jsonargparse wraps that in a union error that names neither the key nor the value.
-    This finds the original error in the chain and names it by its CLI key
-    (``model.ppo.clip_coef must be > 0 ...``). None when no config object raised it.
-    """
-    for link in exception_chain(exc):
-        if isinstance(link, ConfigError):
-            return link
-    by_name = {cls.__name__: (cls, prefix) for cls, prefix in CONFIG_KEYS.items()}
-    for link in exception_chain(exc):
-        if not isinstance(link, ValueError | TypeError):
-            continue
-        found = _owner_of(link)
-        if found is not None:
-            prefix, cls = found
-            return _keyed(link, prefix, cls)
-        match = _LEADING_NAME.match(str(link))
-        if match and match.group("owner") in by_name:
-            cls, prefix = by_name[match.group("owner")]
-            return _keyed(link, prefix, cls)
-    return None

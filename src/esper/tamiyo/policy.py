@@ -12,7 +12,8 @@ never touched.
 
 Hidden state is ``(h, c)``, each ``[lstm_layers, E, hidden_size]``. Both :meth:`act`
 and :meth:`evaluate` zero it for an env whose step starts a new episode, before that
-step's LSTM update, so the update replays exactly what the rollout computed.
+step's LSTM update, and :meth:`evaluate` takes the stored state at the steps a governor
+restore flagged, so the update replays exactly what the rollout computed.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from esper.contracts import ActionSchema, LifecycleOp
-from esper.contracts.checks import is_finite_real
+from esper.contracts.config_errors import owned_by, require_int, require_number
 from esper.tamiyo.action_masks import ActionMasks, select_row
 from esper.tamiyo.distributions import MaskedCategorical
 
@@ -70,18 +71,15 @@ class PolicyConfig:
     prune_logit_init: float = -2.0
 
     def __post_init__(self) -> None:
-        for name in ("hidden_size", "lstm_layers", "encoder_layers"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"PolicyConfig.{name} must be an int >= 1, got {value!r}")
-        for name in ("hidden_init_gain", "policy_head_init_gain", "value_head_init_gain"):
-            value = getattr(self, name)
-            if not is_finite_real(value) or value <= 0:
-                raise ValueError(f"PolicyConfig.{name} must be a finite number > 0, got {value!r}")
-        if not is_finite_real(self.prune_logit_init):
-            raise ValueError(
-                f"PolicyConfig.prune_logit_init must be a finite number (0: uniform start), "
-                f"got {self.prune_logit_init!r}"
+        with owned_by(self):
+            for name in ("hidden_size", "lstm_layers", "encoder_layers"):
+                require_int(name, getattr(self, name), 1)
+            for name in ("hidden_init_gain", "policy_head_init_gain", "value_head_init_gain"):
+                require_number(name, getattr(self, name), above=0.0)
+            require_number(
+                "prune_logit_init",
+                self.prune_logit_init,
+                hint="0 starts uniform, below 0 makes PRUNE rarer at first",
             )
 
 
@@ -200,17 +198,33 @@ class PolicyNetwork(nn.Module):
         masks: ActionMasks,
         actions: Tensor,
         episode_starts: Tensor,
+        hidden_restarts: Tensor | None = None,
+        stored_hidden: LSTMState | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Replay stored sequences: ``obs [E, T, D]``, masks ``[E, T, ...]``, ``actions [E, T, 4]``.
 
         ``hidden0`` is the state before step 0; ``episode_starts [E, T]`` bool zeroes the
-        state before the flagged steps, exactly as :meth:`act` did. Returns
-        ``(log_prob, entropy, value)``, each ``[E, T]``, with gradients.
+        state before the flagged steps, exactly as :meth:`act` did. A governor restore
+        breaks an env's chain of states (its kept transition and the one after it acted
+        from stored states, not from the previous step's output), so ``hidden_restarts
+        [E, T]`` bool, given with ``stored_hidden`` (``(h, c)`` each ``[E, T, layers, H]``,
+        the state each step acted from), makes a flagged step start from its stored state,
+        before the episode reset, as the rollout passed it to :meth:`act`. A ``where`` per
+        step: no host read. Returns ``(log_prob, entropy, value)``, each ``[E, T]``, with
+        gradients.
         """
+        if (hidden_restarts is None) != (stored_hidden is None):
+            raise ValueError("evaluate: pass hidden_restarts and stored_hidden together")
         x = self.encoder(obs)  # [E, T, H]
         hidden = hidden0
         steps = []
         for t in range(x.shape[1]):
+            if hidden_restarts is not None and stored_hidden is not None:
+                restart = hidden_restarts[:, t].view(1, -1, 1)
+                hidden = tuple(  # type: ignore[assignment]
+                    torch.where(restart, stored[:, t].transpose(0, 1), state)
+                    for stored, state in zip(stored_hidden, hidden, strict=True)
+                )
             out, hidden = self._recur(x[:, t], hidden, episode_starts[:, t])
             steps.append(out)
         features = torch.stack(steps, dim=1)  # [E, T, H]

@@ -255,13 +255,13 @@ WEIGHT_FIELDS = [f.name for f in fields(RewardConfig) if f.name != "param_budget
 @pytest.mark.parametrize("name", WEIGHT_FIELDS)
 @pytest.mark.parametrize("bad", [-0.1, float("nan"), float("inf"), True, "1"])
 def test_bad_weight_is_rejected_naming_the_field(name: str, bad: object) -> None:
-    with pytest.raises(ValueError, match=rf"RewardConfig\.{name} must be a finite number >= 0"):
+    with pytest.raises(ValueError, match=rf"RewardConfig\.{name}: must be a finite number >= 0"):
         RewardConfig(**{name: bad})
 
 
 @pytest.mark.parametrize("bad", [0, -5, 1.5, True])
 def test_bad_param_budget_is_rejected(bad: object) -> None:
-    with pytest.raises(ValueError, match=r"RewardConfig\.param_budget must be an int > 0"):
+    with pytest.raises(ValueError, match=r"RewardConfig\.param_budget: must be an int >= 1"):
         RewardConfig(param_budget=bad)  # type: ignore[arg-type]
 
 

@@ -8,14 +8,13 @@ rather than one number so telemetry can show which term drives the policy.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Protocol
 
 import numpy as np
 
-from esper.contracts.checks import is_finite_real
+from esper.contracts.config_errors import owned_by, require_int, require_number
 
 #: dtype of every reward component: what the rollout buffer stores.
 REWARD_DTYPE = np.float32
@@ -120,11 +119,6 @@ class RewardInputs:
             raise ValueError("RewardInputs.seed_params must be >= 0 (a count of parameters)")
 
 
-def _check_weight(name: str, value: object) -> None:
-    if not is_finite_real(value) or value < 0:
-        raise ValueError(f"RewardConfig.{name} must be a finite number >= 0, got {value!r}")
-
-
 @dataclass(frozen=True)
 class RewardConfig:
     """Weights of the reward terms. Every penalty is given as a magnitude (>= 0).
@@ -189,13 +183,15 @@ class RewardConfig:
     rollback_penalty: float = 0.5
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            if f.name != "param_budget":
-                _check_weight(f.name, getattr(self, f.name))
-        budget = self.param_budget
-        if isinstance(budget, bool) or not isinstance(budget, numbers.Integral) or budget <= 0:
-            raise ValueError(
-                f"RewardConfig.param_budget must be an int > 0 (parameters), got {budget!r}"
+        with owned_by(self):
+            for f in fields(self):
+                if f.name != "param_budget":
+                    require_number(f.name, getattr(self, f.name), at_least=0.0)
+            require_int(
+                "param_budget",
+                self.param_budget,
+                1,
+                hint="it counts the seed parameters an env may hold",
             )
 
 

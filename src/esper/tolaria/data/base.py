@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
-import numbers
 from abc import ABC, abstractmethod
 from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from esper.contracts.config_errors import ConfigError, owned_by, require_int
 
 TASK_CLASSIFICATION = "classification"
 TASK_LANGUAGE_MODEL = "language_model"
@@ -26,44 +26,6 @@ DEFAULT_BATCH_SIZE = 128
 DEFAULT_VAL_BATCH_SIZE = 512
 DEFAULT_NUM_WORKERS = 0
 DEFAULT_SEED = 0
-
-
-def require_int(name: str, value: object, minimum: int) -> int:
-    """Reject bools and floats too: ``True`` or ``2.0`` as a size is always a caller bug."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}; pass a value >= {minimum}")
-    return int(value)
-
-
-def require_float(name: str, value: object, *, minimum: float = 0.0) -> float:
-    """NaN and infinity would silently poison every sample they touch, so refuse them here."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a finite number >= {minimum}, got {value!r}")
-    if not math.isfinite(float(value)) or value < minimum:
-        raise ValueError(
-            f"{name} must be a finite number >= {minimum}, got {value}; pass a value >= {minimum}"
-        )
-    return float(value)
-
-
-def require_positive_float(name: str, value: object) -> float:
-    """Scales and noise levels must be finite and strictly positive: zero makes a dead signal."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    if not math.isfinite(float(value)) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value}; pass a value > 0")
-    return float(value)
-
-
-def require_fraction(name: str, value: object) -> float:
-    """A split fraction strictly inside (0, 1): both sides of the split must hold data."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a number strictly between 0 and 1, got {value!r}")
-    if not 0.0 < float(value) < 1.0:  # also refuses NaN, for which every comparison is False
-        raise ValueError(f"{name} must be strictly between 0 and 1, got {value}")
-    return float(value)
 
 
 class _RolloutTicks(Dataset[int]):
@@ -115,7 +77,8 @@ class HostDataModule(LightningDataModule, ABC):
                 bound = signature.bind(self, *args, **kw)
                 bound.apply_defaults()
                 self.init_args = {k: v for k, v in bound.arguments.items() if k != "self"}
-            init(self, *args, **kw)
+            with owned_by(self):  # an argument's error names this class and the argument
+                init(self, *args, **kw)
 
         cls.__init__ = recording_init  # type: ignore[method-assign]
 
@@ -128,10 +91,11 @@ class HostDataModule(LightningDataModule, ABC):
         seed: int = DEFAULT_SEED,
     ) -> None:
         super().__init__()
-        self.batch_size = require_int("batch_size", batch_size, 1)
-        self.val_batch_size = require_int("val_batch_size", val_batch_size, 1)
-        self.num_workers = require_int("num_workers", num_workers, 0)
-        self.seed = require_int("seed", seed, 0)
+        with owned_by(self):  # also for a subclass that keeps this __init__ as its own
+            self.batch_size = require_int("batch_size", batch_size, 1)
+            self.val_batch_size = require_int("val_batch_size", val_batch_size, 1)
+            self.num_workers = require_int("num_workers", num_workers, 0)
+            self.seed = require_int("seed", seed, 0)
         self._train_set: TensorDataset | None = None
         self._val_set: TensorDataset | None = None
 
@@ -160,10 +124,12 @@ class HostDataModule(LightningDataModule, ABC):
             return
         train_set, val_set = self._build_datasets()
         if len(train_set) < self.batch_size:
-            raise ValueError(
-                f"batch_size={self.batch_size} is larger than the train split "
-                f"({len(train_set)} samples), so drop_last would leave no batch; "
-                f"use batch_size <= {len(train_set)} or more training data"
+            raise ConfigError(
+                "batch_size",
+                f"{self.batch_size} is larger than the train split ({len(train_set)} samples), "
+                f"so drop_last would leave no batch; use batch_size <= {len(train_set)} or "
+                "more training data",
+                type(self),
             )
         self._train_set, self._val_set = train_set, val_set
 

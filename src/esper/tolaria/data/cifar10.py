@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
+from esper.contracts.config_errors import ConfigError, require_int
 from esper.tolaria.data.base import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_NUM_WORKERS,
@@ -25,7 +26,6 @@ from esper.tolaria.data.base import (
     TASK_CLASSIFICATION,
     HostDataModule,
     Task,
-    require_int,
 )
 
 CIFAR10_DIRNAME = "cifar-10-batches-py"
@@ -129,7 +129,7 @@ class Cifar10DataModule(HostDataModule):
         )
         self.limit_val = None if limit_val is None else require_int("limit_val", limit_val, 1)
         if not isinstance(root, str | os.PathLike) or not os.fspath(root):
-            raise ValueError(f"root must be a non-empty path to CIFAR-10, got {root!r}")
+            raise ConfigError("root", f"must be a non-empty path to CIFAR-10, got {root!r}")
         self.data_dir = find_cifar10_dir(root)
         # Filled by ``setup``: the per-channel statistics used to standardise inputs.
         self.channel_mean: tuple[float, ...] | None = None
@@ -148,8 +148,11 @@ class Cifar10DataModule(HostDataModule):
         return CIFAR10_N_CLASSES
 
     def _build_datasets(self) -> tuple[TensorDataset, TensorDataset]:
-        train_x, train_y = _load_split(self.data_dir, CIFAR10_TRAIN_FILES, self.limit_train)
-        val_x, val_y = _load_split(self.data_dir, (CIFAR10_VAL_FILE,), self.limit_val)
+        try:
+            train_x, train_y = _load_split(self.data_dir, CIFAR10_TRAIN_FILES, self.limit_train)
+            val_x, val_y = _load_split(self.data_dir, (CIFAR10_VAL_FILE,), self.limit_val)
+        except ValueError as exc:  # a damaged file: named by the key that points at it
+            raise ConfigError("root", str(exc), type(self)) from exc
         mean, std = _channel_stats(train_x)
         self.channel_mean, self.channel_std = tuple(mean.tolist()), tuple(std.tolist())
         return (

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
+from esper.contracts.config_errors import require_int, require_number
 from esper.tolaria.data.base import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_NUM_WORKERS,
@@ -18,8 +19,6 @@ from esper.tolaria.data.base import (
     TASK_CLASSIFICATION,
     HostDataModule,
     Task,
-    require_fraction,
-    require_int,
 )
 
 DIGITS_SHAPE: tuple[int, ...] = (1, 8, 8)
@@ -60,7 +59,8 @@ class DigitsDataModule(HostDataModule):
             num_workers=num_workers,
             seed=seed,
         )
-        self.val_fraction = require_fraction("val_fraction", val_fraction)
+        require_number("val_fraction", val_fraction, above=0.0, below=1.0)
+        self.val_fraction = float(val_fraction)
         self.split_seed = require_int("split_seed", split_seed, 0)
 
     @property

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch.utils.data import TensorDataset
 
+from esper.contracts.config_errors import ConfigError, require_int, require_number
 from esper.tolaria.data.base import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_NUM_WORKERS,
@@ -21,8 +22,6 @@ from esper.tolaria.data.base import (
     TASK_CLASSIFICATION,
     HostDataModule,
     Task,
-    require_int,
-    require_positive_float,
 )
 
 DEFAULT_SYNTHETIC_SHAPE: tuple[int, ...] = (1, 8, 8)
@@ -80,10 +79,12 @@ class SyntheticImageDataModule(HostDataModule):
         self._input_shape = _validate_shape(input_shape)
         self._n_classes = require_int("n_classes", n_classes, MIN_N_CLASSES)
         # Every class in every split, so accuracy and per-class checks are meaningful.
-        self.n_train = require_int("n_train", n_train, self._n_classes)
-        self.n_val = require_int("n_val", n_val, self._n_classes)
-        self.noise_std = require_positive_float("noise_std", noise_std)
-        self.class_separation = require_positive_float("class_separation", class_separation)
+        every_class = "at least one sample of every class"
+        self.n_train = require_int("n_train", n_train, self._n_classes, every_class)
+        self.n_val = require_int("n_val", n_val, self._n_classes, every_class)
+        require_number("noise_std", noise_std, above=0.0)
+        require_number("class_separation", class_separation, above=0.0)
+        self.noise_std, self.class_separation = float(noise_std), float(class_separation)
         self.data_seed = require_int("data_seed", data_seed, 0)
         # Filled by ``setup``: the class prototypes (already scaled), for tests and probes.
         self.class_means: torch.Tensor | None = None
@@ -122,8 +123,9 @@ class SyntheticImageDataModule(HostDataModule):
 def _validate_shape(shape: object) -> tuple[int, ...]:
     """A non-empty sequence of positive ints, e.g. ``(C, H, W)`` or ``(features,)``."""
     if isinstance(shape, str | bytes) or not isinstance(shape, Sequence) or len(shape) == 0:
-        raise ValueError(
-            f"input_shape must be a non-empty sequence of positive ints such as "
-            f"{DEFAULT_SYNTHETIC_SHAPE}, got {shape!r}"
+        raise ConfigError(
+            "input_shape",
+            f"must be a non-empty sequence of positive ints such as "
+            f"{list(DEFAULT_SYNTHETIC_SHAPE)}, got {shape!r}",
         )
     return tuple(require_int(f"input_shape[{i}]", dim, 1) for i, dim in enumerate(shape))

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import TensorDataset
 
+from esper.contracts.config_errors import ConfigError, require_int, require_number
 from esper.tolaria.data.base import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_NUM_WORKERS,
@@ -26,8 +27,6 @@ from esper.tolaria.data.base import (
     TASK_LANGUAGE_MODEL,
     HostDataModule,
     Task,
-    require_fraction,
-    require_int,
 )
 
 DEFAULT_VOCAB_SIZE = 16
@@ -113,8 +112,10 @@ class TokenSequenceDataModule(HostDataModule):
 
         if text_path is None:
             if val_fraction is not None:
-                raise ValueError(
-                    "val_fraction applies only with text_path; synthetic mode takes n_train/n_val"
+                raise ConfigError(
+                    "val_fraction",
+                    "applies only with text_path; synthetic mode takes n_train/n_val, so leave "
+                    "val_fraction unset",
                 )
             self._vocab_size = require_int(
                 "vocab_size", _or(vocab_size, DEFAULT_VOCAB_SIZE), MIN_VOCAB_SIZE
@@ -123,8 +124,9 @@ class TokenSequenceDataModule(HostDataModule):
             self.n_val = require_int("n_val", _or(n_val, DEFAULT_TOKEN_N_VAL), 1)
             self.branching = require_int("branching", _or(branching, DEFAULT_BRANCHING), 1)
             if self.branching > self._vocab_size:
-                raise ValueError(
-                    f"branching must be <= vocab_size ({self._vocab_size}), got {self.branching}"
+                raise ConfigError(
+                    "branching",
+                    f"must be <= vocab_size ({self._vocab_size}), got {self.branching}",
                 )
             return
 
@@ -135,13 +137,14 @@ class TokenSequenceDataModule(HostDataModule):
             ("branching", branching),
         ):
             if value is not None:
-                raise ValueError(
-                    f"{name} applies only to synthetic sequences; with text_path the text "
-                    f"sets it, so leave {name} unset"
+                raise ConfigError(
+                    name,
+                    f"applies only to synthetic sequences; with text_path the text sets it, "
+                    f"so leave {name} unset",
                 )
-        self.val_fraction = require_fraction(
-            "val_fraction", _or(val_fraction, DEFAULT_TEXT_VAL_FRACTION)
-        )
+        fraction = _or(val_fraction, DEFAULT_TEXT_VAL_FRACTION)
+        require_number("val_fraction", fraction, above=0.0, below=1.0)
+        self.val_fraction = float(fraction)
         self.text_path = Path(text_path).expanduser()
         # Read now, not in setup: the host is built from ``n_classes`` before any data loads.
         self._load_text()
@@ -188,19 +191,21 @@ class TokenSequenceDataModule(HostDataModule):
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
-            raise ValueError(f"text_path {path} is not valid UTF-8: {exc}") from exc
+            raise ConfigError("text_path", f"{path} is not valid UTF-8: {exc}") from exc
         minimum = min_text_length(self.seq_len, self.val_fraction)
         if len(text) < minimum:
-            raise ValueError(
-                f"text_path {path} has {len(text)} characters; with seq_len={self.seq_len} and "
+            raise ConfigError(
+                "text_path",
+                f"{path} has {len(text)} characters; with seq_len={self.seq_len} and "
                 f"val_fraction={self.val_fraction} it needs at least {minimum} characters "
-                f"(one window of seq_len + 1 = {self.seq_len + 1} in each split)"
+                f"(one window of seq_len + 1 = {self.seq_len + 1} in each split)",
             )
         vocab = tuple(sorted(set(text)))
         if len(vocab) < MIN_TEXT_VOCAB:
-            raise ValueError(
-                f"text_path {path} uses {len(vocab)} distinct character(s); "
-                f"at least {MIN_TEXT_VOCAB} are needed for a prediction task"
+            raise ConfigError(
+                "text_path",
+                f"{path} uses {len(vocab)} distinct character(s); "
+                f"at least {MIN_TEXT_VOCAB} are needed for a prediction task",
             )
         self.vocab = vocab
         self._vocab_size = len(vocab)

@@ -1,0 +1,111 @@
+"""``esper plugins``, ``esper evaluate`` and ``esper report``: the subcommands besides ``fit``.
+
+Each imports what it runs when it runs, so ``esper --help`` stays fast: the registries,
+evaluation and plotting pull in torch and Lightning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from esper.cli.bad_input import BAD_INPUT_STATUS, input_error, one_line
+
+#: Episodes per controller for ``esper evaluate``: enough for a standard error.
+DEFAULT_EVAL_EPISODES = 8
+
+
+def plugins(_: argparse.Namespace) -> int:
+    """List each registry's names and where each comes from (built in or a package)."""
+    from esper.callbacks import CALLBACKS
+    from esper.kasmina import BLUEPRINTS, HOSTS
+    from esper.plugins import Registry
+    from esper.simic.rewards import REWARDS
+    from esper.tolaria.data import DATAMODULES
+
+    registries: tuple[Registry[object], ...] = (  # type: ignore[assignment]
+        BLUEPRINTS,
+        HOSTS,
+        DATAMODULES,
+        REWARDS,
+        CALLBACKS,
+    )
+    for registry in registries:
+        print(f"{registry.kind}s (entry-point group {registry.group}):")
+        names = registry.names()
+        if not names:
+            print("  (none)")
+        for name in names:
+            print(f"  {name:<14} {registry.entry(name).source}")
+    return 0
+
+
+def _say_done(result: Any) -> None:
+    """Progress of ``esper evaluate``: one line per controller as it finishes."""
+    print(
+        f"  {result.controller:<10} {result.episodes} episode(s) in {result.wall_s:.0f} s, "
+        f"final val acc {result.final_val_acc_mean:.4f}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def evaluate_command(args: argparse.Namespace) -> int:
+    """Compare the learned policy with the other controllers; write the tables and pictures."""
+    from esper.callbacks.checkpoint import find_last_checkpoint
+    from esper.simic.evaluate import evaluate
+
+    ckpt = Path(args.ckpt)
+    if args.ckpt == "last":
+        found = find_last_checkpoint(Path("."))
+        if found is None:
+            print(
+                "esper evaluate: error: --ckpt last: no run under this folder has a last.ckpt "
+                "(looked in */*/checkpoints and checkpoints); pass the .ckpt path",
+                file=sys.stderr,
+            )
+            return BAD_INPUT_STATUS
+        ckpt = found
+    out = Path(args.out) if args.out else ckpt.resolve().parent.parent / "evaluation"
+    try:
+        result = evaluate(
+            ckpt,
+            episodes=args.episodes,
+            seed=args.seed,
+            device=args.device,
+            sample=args.sample,
+            on_controller_done=_say_done,
+        )
+    except Exception as exc:
+        error = input_error(exc)
+        if error is None:
+            raise
+        print(f"esper evaluate: error: {one_line(error)}", file=sys.stderr)
+        return BAD_INPUT_STATUS
+    policy = "sampled" if args.sample else "most likely action per head"
+    print(
+        f"esper evaluate: {args.episodes} episode(s) per controller, seed {args.seed}, "
+        f"learned policy {policy}, {ckpt}"
+    )
+    print(result.table())
+    for kind, path in result.write(out).items():
+        print(f"  {kind:<4} {path}")
+    timelines = result.write_timelines(out / "timelines")
+    print(f"  {len(timelines)} timeline pictures in {out / 'timelines'}")
+    return 0
+
+
+def report_command(args: argparse.Namespace) -> int:
+    """Draw the learning curve of every run under ``args.run_dir``."""
+    from esper.report import report
+
+    try:
+        written = report(args.run_dir)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"esper report: error: {exc}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(path)
+    return 0

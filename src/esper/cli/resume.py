@@ -1,0 +1,102 @@
+"""``esper fit --ckpt_path``: which checkpoint, whether it can resume this run, and where.
+
+Lightning reads a checkpoint's hyperparameters with a bare ``torch.load`` and would resume
+a finished run to do nothing; these checks run first, so a bad, foreign or finished
+checkpoint is named in one line (a :class:`CheckpointError`) before any folder is made.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from esper.contracts import ActionSchema
+
+#: ``--ckpt_path`` words that Lightning resolves itself rather than naming a file.
+LIGHTNING_CKPT_WORDS = frozenset({"last", "best", "hpc"})
+
+#: The checkpoint a run resumes from: its path and the action space its policy chooses in.
+Resume = tuple[str, ActionSchema]
+
+
+def read_resume(run_config: Any) -> Resume | None:
+    """The checkpoint ``run_config["ckpt_path"]`` names, read and checked; None when the
+    run starts afresh (or Lightning resolves the word itself).
+
+    ``last`` is resolved here, not by Lightning: the newest last.ckpt of the runs under the
+    root, whose run folder this run then continues; ``run_config`` then names that file.
+    """
+    from esper.callbacks.checkpoint import CheckpointError, find_last_checkpoint, read_checkpoint
+    from esper.simic.module import checkpoint_policy_spec
+
+    ckpt_path = run_config.get("ckpt_path")
+    if str(ckpt_path) == "last":
+        root = Path(run_config["trainer"].get("default_root_dir") or ".")
+        found = find_last_checkpoint(root)
+        if found is None:
+            raise CheckpointError(
+                f"--ckpt_path last: no run under {root.absolute()} has a last.ckpt "
+                "(looked in */*/checkpoints and checkpoints); pass the .ckpt path, "
+                "set --trainer.default_root_dir to the folder the run was in, or "
+                "start afresh without --ckpt_path"
+            )
+        ckpt_path = run_config["ckpt_path"] = str(found)
+    if not ckpt_path or str(ckpt_path) in LIGHTNING_CKPT_WORDS:
+        return None
+    if str(ckpt_path).startswith("registry"):
+        raise CheckpointError(
+            f"--ckpt_path {ckpt_path}: esper resumes from files only; pass a .ckpt path or `last`"
+        )
+    checkpoint = read_checkpoint(ckpt_path)
+    schema, _ = checkpoint_policy_spec(checkpoint, ckpt_path)
+    _refuse_finished(checkpoint, str(ckpt_path), run_config["trainer"].get("max_epochs"))
+    return str(ckpt_path), schema
+
+
+def _refuse_finished(checkpoint: dict[str, Any], name: str, max_epochs: int | None) -> None:
+    """A run that already made its ``max_epochs`` updates would resume to do nothing; say
+    so, and how to train further."""
+    from esper.callbacks.checkpoint import CheckpointError
+
+    done = int(checkpoint.get("epoch", -1)) + 1
+    if max_epochs is not None and 0 <= max_epochs <= done:
+        raise CheckpointError(
+            f"--ckpt_path {name}: this run already made its {done} PPO update(s) "
+            f"(trainer.max_epochs={max_epochs}); to train it further, resume with "
+            f"--trainer.max_epochs {done + max(done, 1)} (or any number above {done})"
+        )
+
+
+def check_resume_fits(resume: Resume | None, model: Any, datamodule: Any) -> None:
+    """Refuse a checkpoint with another action space before the Trainer is built."""
+    from esper.simic.env_config import action_schema
+    from esper.simic.module import check_same_action_space
+    from esper.tolaria.data import HostDataModule
+
+    if resume is None or not isinstance(datamodule, HostDataModule):
+        return
+    path, trained = resume
+    try:
+        run = action_schema(model.env_config, datamodule)
+    except (ValueError, TypeError):
+        return  # a bad host or blueprint setting: setup names it by its key
+    check_same_action_space(trained, run, path)
+
+
+def resumed_run_logger(resume: Resume | None, config: dict[str, Any]) -> Any:
+    """The logger that continues the resumed run's folder (one TensorBoard run, one
+    events.jsonl, checkpoints where they were), or None to keep the configured one.
+
+    Only in place of the default logger: one the user configured decides for itself, and a
+    checkpoint outside a run folder starts a new folder.
+    """
+    from esper.callbacks.checkpoint import run_folder_of
+
+    if resume is None or config.get("logger") not in (None, True):
+        return None
+    run = run_folder_of(Path(resume[0]))
+    if run is None:
+        return None
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    return TensorBoardLogger(save_dir=run.save_dir, name=run.name, version=run.version)

@@ -1,0 +1,113 @@
+"""PPOBatch: one rollout as the PPO update reads it, env-major, with what the replay needs.
+
+A recurrent replay must reproduce the LSTM state the policy acted from at every step.
+Mostly that is the previous step's output (or zeros at an episode start), but a governor
+restore breaks the chain for one env: the transition whose epoch panicked is kept with the
+state it acted from, and the env's next transition acts from its snapshot's state. The
+batch therefore carries every step's stored state (``hidden``) and a flag per step
+(``hidden_restarts``) saying "take the stored state here"; :meth:`PolicyNetwork.evaluate
+<esper.tamiyo.policy.PolicyNetwork.evaluate>` applies it with a ``torch.where`` per step,
+so the replay makes no host read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+from esper.tamiyo.action_masks import ActionMasks
+from esper.tamiyo.policy import LSTMState
+
+#: Fields of shape ``[E, T]``.
+_ENV_TIME_FIELDS = (
+    "log_probs",
+    "values",
+    "advantages",
+    "returns",
+    "episode_starts",
+    "hidden_restarts",
+    "valid",
+)
+#: The ``[E, T]`` fields that are flags.
+_BOOL_FIELDS = ("episode_starts", "hidden_restarts", "valid")
+#: Dimensions of a stored LSTM state tensor: ``[E, T, layers, H]``.
+_HIDDEN_NDIM = 4
+
+
+@dataclass(frozen=True)
+class PPOBatch:
+    """One rollout, env-major, all on the policy's device.
+
+    ``obs [E, T, D]``; ``actions [E, T, 4]`` long; ``log_probs``, ``values``,
+    ``advantages``, ``returns`` ``[E, T]`` float; ``masks`` with batch shape ``[E, T]``;
+    ``hidden`` the LSTM state each step acted from, ``(h, c)`` each ``[E, T, layers, H]``
+    (``hidden0`` is its step 0); ``episode_starts [E, T]`` bool (state is zeroed before
+    these steps); ``hidden_restarts [E, T]`` bool (the step acted from its stored
+    ``hidden``, not from the previous step's output: a governor restore); ``valid [E, T]``
+    bool (False = dropped, contributes nothing).
+    """
+
+    obs: Tensor
+    actions: Tensor
+    log_probs: Tensor
+    values: Tensor
+    advantages: Tensor
+    returns: Tensor
+    masks: ActionMasks
+    hidden: LSTMState
+    episode_starts: Tensor
+    hidden_restarts: Tensor
+    valid: Tensor
+
+    def __post_init__(self) -> None:
+        env_time = tuple(self.obs.shape[:2])
+        for name in _ENV_TIME_FIELDS:
+            shape = tuple(getattr(self, name).shape)
+            if shape != env_time:
+                raise ValueError(f"PPOBatch.{name} has shape {shape}, expected [E, T] = {env_time}")
+        if tuple(self.actions.shape[:2]) != env_time or self.actions.dim() != 3:
+            raise ValueError(
+                f"PPOBatch.actions has shape {tuple(self.actions.shape)}, expected [E, T, 4]"
+            )
+        if tuple(self.masks.batch_shape) != env_time:
+            raise ValueError(
+                f"PPOBatch.masks has batch shape {tuple(self.masks.batch_shape)}, expected {env_time}"
+            )
+        for name in _BOOL_FIELDS:
+            if getattr(self, name).dtype != torch.bool:
+                raise TypeError(f"PPOBatch.{name} must be a bool tensor")
+        for state in self.hidden:
+            if state.dim() != _HIDDEN_NDIM or tuple(state.shape[:2]) != env_time:
+                raise ValueError(
+                    f"PPOBatch.hidden tensors must be [E, T] = {env_time} + [layers, H], "
+                    f"got {tuple(state.shape)}"
+                )
+
+    @property
+    def n_envs(self) -> int:
+        return self.obs.shape[0]
+
+    @property
+    def hidden0(self) -> LSTMState:
+        """The state step 0 acted from, ``(h, c)`` each ``[layers, E, H]``."""
+        h, c = self.hidden
+        return (h[:, 0].transpose(0, 1).contiguous(), c[:, 0].transpose(0, 1).contiguous())
+
+    def select_envs(self, env_idx: Tensor) -> PPOBatch:
+        """The sub-batch of envs ``env_idx`` (long, on the batch's device), sequences whole,
+        with their stored states and restart flags."""
+        per_env = {
+            f.name: getattr(self, f.name).index_select(0, env_idx)
+            for f in fields(self)
+            if f.name not in ("masks", "hidden")
+        }
+        return PPOBatch(
+            **per_env,
+            masks=self.masks.index_envs(env_idx),
+            hidden=(
+                self.hidden[0].index_select(0, env_idx),
+                self.hidden[1].index_select(0, env_idx),
+            ),
+        )
