@@ -124,3 +124,19 @@ def test_readme_command_runs_as_written(command: str, scratch: Path) -> None:
     printed = done.stdout + done.stderr
     for noise in NOISE:  # a normal run carries no third-party adverts or deprecations
         assert noise not in printed, f"{command} printed {noise!r}:\n{printed[-3000:]}"
+
+
+def test_every_file_the_layout_names_exists() -> None:
+    """The "one file per concept" table is where a newcomer starts reading: a file that
+    moved away leaves them at a dead end."""
+    text = README.read_text()
+    layout = text[text.index("## Layout") :]
+    layout = layout[: layout.index("\n## ", 1)]
+    named = re.findall(r"`(src/esper/[^`]+)`", layout)
+    assert len(named) >= 10, named
+    root = README.parent
+    for path in named:
+        assert (root / path).exists(), f"README's layout names {path}, which does not exist"
+    relative = re.findall(r"`((?:simic|tolaria|kasmina|callbacks)/[^`]+\.py)`", layout)
+    for path in relative:
+        assert (root / "src" / "esper" / path).exists(), f"README's layout names {path}"

@@ -39,7 +39,7 @@ N_ENVS, N_SLOTS, STEPS = 2, 2, 3
 REAL_ROLLOUTS, REAL_ENVS, REAL_EPISODE_EPOCHS = 2, 2, 3
 REAL_HOST: dict[str, object] = {"channels": [4, 8]}
 REAL_DATA: dict[str, int] = {"n_train": 64, "n_val": 32, "batch_size": 16}
-#: The module's count of packed transfers per host epoch (PPOModule._rollout_metrics).
+#: The module's count of packed transfers per host epoch (esper.simic.update_metrics.rollout_metrics).
 PACKED_TRANSFERS_TAG = "perf/packed_transfers_per_step"
 
 

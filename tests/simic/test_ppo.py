@@ -368,10 +368,10 @@ def test_explained_variance_matches_the_plain_formula_over_valid_entries() -> No
 def test_the_learning_rate_falls_linearly_over_the_run_when_annealed(
     anneal: bool, expected: list[float]
 ) -> None:
-    from esper.simic.module import PPOModule
+    from esper.simic.schedules import learning_rate_at
 
-    module = PPOModule(ppo=PPOConfig(lr=1e-3, anneal_lr=anneal))
-    rates = [module._lr_at(update, 4) for update in range(4)]
+    config = PPOConfig(lr=1e-3, anneal_lr=anneal)
+    rates = [learning_rate_at(config, update, 4) for update in range(4)]
     assert rates == pytest.approx(expected)
 
 

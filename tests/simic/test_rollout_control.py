@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from esper.contracts.config_errors import ConfigError
 from esper.contracts.rollout import StepBatch
 from esper.host_reads import HostReadCounter
 from esper.simic.control import EnvSnapshot, GovernorRead, PanicConfig, RolloutControl
@@ -283,3 +284,21 @@ def test_a_snapshot_of_another_rollout_cannot_be_restored() -> None:
     col.collect(1)
     with pytest.raises(ValueError, match="snapshot of this rollout"):
         col.request_restore(RESTORED, stale, "stale")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"sigma": 0.0},
+        {"sigma": float("nan")},
+        {"window": 1},
+        {"min_history": 1},
+        {"min_history": 9},
+        {"min_std": -1.0},
+    ],
+)
+def test_panic_config_rejects_bad_values_naming_the_field(change: dict[str, object]) -> None:
+    (field,) = change
+    with pytest.raises(ConfigError, match=rf"^PanicConfig\.{field}: ") as info:
+        PanicConfig(**change)  # type: ignore[arg-type]
+    assert info.value.key == field

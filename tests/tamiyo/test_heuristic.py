@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from esper.contracts import BlendMode, LifecycleOp, ObservationLayout, SeedStage
+from esper.contracts.config_errors import ConfigError
 from esper.contracts.rollout import StepBatch
 from esper.host_reads import HostReadCounter
 from esper.simic.buffer import RolloutBuffer
@@ -322,9 +323,11 @@ def test_it_has_no_parameters_scores_zero_and_passes_the_state_through() -> None
         {"retry_refused_advance": 1},
     ],
 )
-def test_config_rejects_invalid_values(change: dict[str, object]) -> None:
-    with pytest.raises(ValueError, match="HeuristicConfig"):
+def test_config_rejects_invalid_values_naming_the_field(change: dict[str, object]) -> None:
+    (field,) = change
+    with pytest.raises(ConfigError, match=rf"^HeuristicConfig\.{field}: ") as info:
         HeuristicConfig(**change)
+    assert info.value.key == field
 
 
 def test_controller_rejects_a_config_or_layout_that_does_not_match_the_schema() -> None:

@@ -41,9 +41,9 @@ class EsperCallback(Callback):
         """After each env step, once its transition has a reward.
 
         Runs right after the read that closed the transition and before the next actions
-        are applied. May change: governor-style callbacks may request per-env snapshots
-        or rollbacks through the module's collector (``pl_module.collector``); they take
-        effect before the next actions are applied. Nothing else.
+        are applied. May change: nothing. Snapshots and per-env restores are the
+        governor's (``esper.simic.control.Governor``, whose ``steer`` the rollout calls at
+        each read with its control surface), not a step hook's.
         """
 
     def on_rollout_end(

@@ -27,7 +27,7 @@ def read_resume(run_config: Any) -> Resume | None:
     root, whose run folder this run then continues; ``run_config`` then names that file.
     """
     from esper.callbacks.checkpoint import CheckpointError, find_last_checkpoint, read_checkpoint
-    from esper.simic.module import checkpoint_policy_spec
+    from esper.simic.checkpoint_contents import checkpoint_policy_spec
 
     ckpt_path = run_config.get("ckpt_path")
     if str(ckpt_path) == "last":
@@ -69,8 +69,8 @@ def _refuse_finished(checkpoint: dict[str, Any], name: str, max_epochs: int | No
 
 def check_resume_fits(resume: Resume | None, model: Any, datamodule: Any) -> None:
     """Refuse a checkpoint with another action space before the Trainer is built."""
+    from esper.simic.checkpoint_contents import check_same_action_space
     from esper.simic.env_config import action_schema
-    from esper.simic.module import check_same_action_space
     from esper.tolaria.data import HostDataModule
 
     if resume is None or not isinstance(datamodule, HostDataModule):

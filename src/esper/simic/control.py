@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from esper.contracts.config_errors import ConfigError, owned_by, require_int, require_number
 from esper.tolaria.epoch import EpochResult
 from esper.tolaria.snapshot import HostSnapshot
 
@@ -56,17 +57,15 @@ class PanicConfig:
     min_std: float = 1e-3
 
     def __post_init__(self) -> None:
-        if not self.sigma > 0:
-            raise ValueError(f"PanicConfig.sigma must be > 0, got {self.sigma!r}")
-        if not isinstance(self.window, int) or self.window < 2:
-            raise ValueError(f"PanicConfig.window must be an int >= 2, got {self.window!r}")
-        if not isinstance(self.min_history, int) or not 2 <= self.min_history <= self.window:
-            raise ValueError(
-                f"PanicConfig.min_history must be an int in [2, window={self.window}], "
-                f"got {self.min_history!r}"
-            )
-        if not self.min_std > 0:
-            raise ValueError(f"PanicConfig.min_std must be > 0, got {self.min_std!r}")
+        with owned_by(self):
+            require_number("sigma", self.sigma, above=0)
+            window = require_int("window", self.window, 2)
+            require_int("min_history", self.min_history, 2)
+            if self.min_history > window:
+                raise ConfigError(
+                    "min_history", f"must be at most window={window}, got {self.min_history!r}"
+                )
+            require_number("min_std", self.min_std, above=0)
 
 
 class PanicDetector:

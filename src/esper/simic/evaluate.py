@@ -26,10 +26,15 @@ import torch
 
 from esper.callbacks.checkpoint import CheckpointError, EsperCheckpointIO
 from esper.contracts.rollout import StepBatch
+from esper.simic.checkpoint_contents import (
+    DATA_KEY,
+    check_same_action_space,
+    checkpoint_policy_spec,
+)
 from esper.simic.env import MorphogeneticVecEnv
 from esper.simic.env_config import action_schema
 from esper.simic.episodes import baseline_controller, run_episodes
-from esper.simic.module import DATA_KEY, PPOModule, check_same_action_space, checkpoint_policy_spec
+from esper.simic.module import PPOModule
 from esper.simic.rollout import Controller
 from esper.tolaria.data.base import HostDataModule
 

@@ -10,23 +10,29 @@ PPO makes many optimiser steps per rollout.
 from __future__ import annotations
 
 import dataclasses
-import enum
-import os
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
-import numpy as np
 import torch
 from lightning.pytorch import LightningModule
 
 from esper.callbacks.base import EsperCallback
-from esper.callbacks.checkpoint import CheckpointError, newest_checkpoint
-from esper.contracts import ActionSchema, BlendMode
+from esper.callbacks.checkpoint import newest_checkpoint
 from esper.contracts.config_errors import ConfigError
 from esper.contracts.rollout import RolloutSummary, StepBatch
 from esper.kasmina import LifecycleConfig, OptimConfig
 from esper.simic.buffer import RolloutBuffer
+from esper.simic.checkpoint_contents import (
+    DATA_KEY,
+    RUN_STATE_KEY,
+    SPEC_KEY,
+    check_same_action_space,
+    checkpoint_policy_spec,
+    data_entry,
+    plain,
+    policy_spec,
+)
 from esper.simic.control import Governor
 from esper.simic.env import MorphogeneticVecEnv
 from esper.simic.env_config import EnvConfig
@@ -35,14 +41,11 @@ from esper.simic.ppo import PPOConfig, make_optimizer, ppo_update
 from esper.simic.rewards import RewardConfig
 from esper.simic.rng import capture_rng_state, restore_rng_state
 from esper.simic.rollout import RolloutCollector, read_packed
+from esper.simic.schedules import entropy_coef_at, learning_rate_at
+from esper.simic.update_metrics import PROGRESS_BAR_METRICS, rollout_metrics
 from esper.simic.validation import CONFIG_KEYS, check_ent_coef_final, validate_run
 from esper.tamiyo.policy import PolicyConfig, PolicyNetwork
 from esper.tolaria.data.base import HostDataModule
-
-#: Shown on Lightning's progress bar, one update per tick.
-PROGRESS_BAR_METRICS: frozenset[str] = frozenset(
-    {"perf/env_steps_per_s", "train/episode_return", "train/host_val_acc"}
-)
 
 #: Host arguments a run takes when it is given none: the hosts start small, so growth has
 #: something to add. On digits (16 paired episodes, benchmarks/growth.py) the 2,4,8-channel
@@ -53,14 +56,6 @@ DEFAULT_HOST_KWARGS: dict[str, dict[str, Any]] = {"cnn": {"channels": [2, 4, 8]}
 
 #: Offset between ranks' random seeds (and data shuffling seeds) under DDP.
 RANK_SEED_STRIDE = 1_000_003
-
-#: Checkpoint key holding what is needed to rebuild the policy before its weights load.
-SPEC_KEY = "esper_policy_spec"
-#: Checkpoint key naming the host data module and its arguments, for evaluation.
-DATA_KEY = "esper_data"
-#: Checkpoint key holding the random states and generators an exact resume needs.
-RUN_STATE_KEY = "esper_run_state"
-
 
 _Config = TypeVar("_Config")
 
@@ -82,81 +77,6 @@ def _as_config(cls: type[_Config], value: _Config | Mapping[str, Any] | None) ->
             raise ConfigError(key, f"has no field(s) {unknown}; its fields are {sorted(known)}")
         return cls(**value)
     return value  # anything else is reported by validate_run with its key
-
-
-def _plain(value: Any) -> Any:
-    """``value`` as what ``torch.load(weights_only=True)`` accepts.
-
-    Dataclasses become dicts, paths strings and enums their values: the configs and data
-    module arguments a checkpoint records, rebuilt from these plain forms on load.
-    """
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_plain(v) for v in value)
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if isinstance(value, enum.Enum):
-        return _plain(value.value)
-    return value
-
-
-def checkpoint_policy_spec(
-    checkpoint: Mapping[str, Any], where: object
-) -> tuple[ActionSchema, int]:
-    """The action space and observation size the checkpoint's policy was built for.
-
-    Raises :class:`CheckpointError` naming ``where`` (the file) when the checkpoint was not
-    written by ``PPOModule`` or its spec is damaged.
-    """
-    spec = checkpoint.get(SPEC_KEY)
-    if not isinstance(spec, Mapping):
-        raise CheckpointError(
-            f"checkpoint {where} has no {SPEC_KEY!r} entry: it was not written by esper fit "
-            "(PPOModule); pass a .ckpt file that esper fit wrote"
-        )
-    try:
-        schema = ActionSchema(
-            tuple(spec["slot_ids"]),
-            tuple(spec["blueprint_names"]),
-            tuple(BlendMode(m) for m in spec["blend_modes"]),
-        )
-        obs_dim = int(spec["obs_dim"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(
-            f"checkpoint {where} has a damaged {SPEC_KEY!r} entry ({type(exc).__name__}: {exc}); "
-            "pass a .ckpt file that esper fit wrote"
-        ) from exc
-    return schema, obs_dim
-
-
-def check_same_action_space(trained: ActionSchema, run: ActionSchema, where: object) -> None:
-    """Refuse a checkpoint whose policy chooses among other slots or blueprints than this run.
-
-    Its heads would be the wrong size (or, worse, the right size with other meanings): the
-    usual cause is a plugin that added or removed blueprints since the checkpoint was written.
-    """
-    if trained == run:
-        return
-    diffs = []
-    if trained.slot_ids != run.slot_ids:
-        diffs.append(f"slots {list(trained.slot_ids)} (this run: {list(run.slot_ids)})")
-    if trained.blueprint_names != run.blueprint_names:
-        diffs.append(
-            f"blueprints {list(trained.blueprint_names)} (this run: {list(run.blueprint_names)})"
-        )
-    if trained.blend_modes != run.blend_modes:
-        diffs.append(
-            f"blend modes {[m.name for m in trained.blend_modes]} "
-            f"(this run: {[m.name for m in run.blend_modes]})"
-        )
-    raise CheckpointError(
-        f"checkpoint {where} was trained with another action space: {'; '.join(diffs)}; "
-        "resume with the same host, data and blueprints (--model.blueprints lists them), "
-        "or start afresh without --ckpt_path"
-    )
 
 
 class RunFailure(RuntimeError):
@@ -382,7 +302,7 @@ class PPOModule(LightningModule):
         values = read_packed(torch.stack([stats[n].float() for n in names]))
         metrics = {f"ppo/{n}": float(v) for n, v in zip(names, values, strict=True)}
         metrics["ppo/lr"] = lr
-        metrics.update(self._rollout_metrics(summary))
+        metrics.update(rollout_metrics(summary))
         self.last_metrics = metrics
         for name, value in metrics.items():
             self.log(
@@ -428,65 +348,22 @@ class PPOModule(LightningModule):
         return summary
 
     def _lr(self) -> float:
-        return self._lr_at(self.current_epoch, self.trainer.max_epochs or 1)
-
-    def _lr_at(self, update: int, total: int) -> float:
-        """Update ``update`` of ``total``: ``ppo.lr * (1 - update / total)`` when annealed.
-
-        The last update still learns, and the rate is a function of the update index
-        alone, so a resumed run continues the same schedule.
-        """
-        lr = self.ppo_config.lr
-        if not self.ppo_config.anneal_lr:
-            return lr
-        return lr * (1.0 - min(update / max(total, 1), 1.0))
+        return learning_rate_at(self.ppo_config, self.current_epoch, self.trainer.max_epochs or 1)
 
     def _ent_coef(self) -> float:
-        start = self.ppo_config.ent_coef
-        if self.ent_coef_final is None:
-            return start
         total = self.trainer.max_epochs or 1
-        progress = min(self.current_epoch / max(total - 1, 1), 1.0)
-        return start + (self.ent_coef_final - start) * progress
-
-    @staticmethod
-    def _rollout_metrics(summary: RolloutSummary) -> dict[str, float]:
-        outside = 1.0 - summary.seconds_training_hosts / summary.seconds
-        return {
-            "train/episode_return": float(np.mean(summary.episode_return)),
-            "train/host_val_acc": float(np.mean(summary.final_val_acc)),
-            "train/seeds_germinated": float(np.mean(summary.seeds_germinated)),
-            "train/seeds_fossilized": float(np.mean(summary.seeds_fossilized)),
-            "train/seeds_pruned": float(np.mean(summary.seeds_pruned)),
-            "train/params_added": float(np.mean(summary.params_added)),
-            "perf/env_steps_per_s": summary.env_steps_per_s,
-            # Counted by the loop, not measured: TelemetryCallback(profile="debug") logs
-            # the measured perf/host_reads_per_step over the same denominator.
-            "perf/packed_transfers_per_step": summary.packed_transfers
-            / summary.host_epochs_per_env,
-            "perf/fraction_outside_host_training": outside,
-            "governor/rollbacks": float(summary.rollbacks.sum()),
-            "governor/discarded_transitions": float(summary.discarded_transitions.sum()),
-        }
+        return entropy_coef_at(
+            self.ppo_config.ent_coef, self.ent_coef_final, self.current_epoch, total
+        )
 
     # --------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Everything beyond weights and optimiser that a resumed run needs to continue exactly."""
         assert self.policy is not None and self.env is not None
         if "hyper_parameters" in checkpoint:
-            checkpoint["hyper_parameters"] = _plain(dict(checkpoint["hyper_parameters"]))
-        schema = self.policy.schema
-        checkpoint[SPEC_KEY] = {
-            "obs_dim": self._obs_dim,
-            "slot_ids": list(schema.slot_ids),
-            "blueprint_names": list(schema.blueprint_names),
-            "blend_modes": [int(m) for m in schema.blend_modes],
-        }
-        datamodule = self.env.datamodule
-        checkpoint[DATA_KEY] = {
-            "class_path": f"{type(datamodule).__module__}.{type(datamodule).__qualname__}",
-            "init_args": _plain(dict(getattr(datamodule, "init_args", {}))),
-        }
+            checkpoint["hyper_parameters"] = plain(dict(checkpoint["hyper_parameters"]))
+        checkpoint[SPEC_KEY] = policy_spec(self._obs_dim, self.policy.schema)
+        checkpoint[DATA_KEY] = data_entry(self.env.datamodule)
         checkpoint[RUN_STATE_KEY] = {
             "ppo_generator": self._generator.get_state(),
             "host_loader_generator": self.env.train_loader_generator_state(),

@@ -44,7 +44,12 @@ import torch
 from torch import Tensor, nn
 
 from esper.contracts import ActionSchema, BlendMode, LifecycleOp, ObservationLayout, SeedStage
-from esper.contracts.checks import is_finite_real
+from esper.contracts.config_errors import (
+    ConfigError,
+    owned_by,
+    require_bool,
+    require_number,
+)
 from esper.tamiyo.action_masks import ActionMasks, select_row
 from esper.tamiyo.policy import ActResult, LSTMState
 
@@ -86,40 +91,33 @@ class HeuristicConfig:
     retry_refused_advance: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("prune_threshold", "plateau_delta", "max_germinate_fraction"):
-            value = getattr(self, name)
-            if not is_finite_real(value):
-                raise ValueError(f"HeuristicConfig.{name} must be a finite number, got {value!r}")
-        if self.prune_threshold < 0:
-            raise ValueError(
-                f"HeuristicConfig.prune_threshold must be >= 0 (seeds are pruned below "
-                f"minus it), got {self.prune_threshold!r}"
+        with owned_by(self):
+            require_number(
+                "prune_threshold",
+                self.prune_threshold,
+                at_least=0,
+                hint="seeds are pruned below minus it",
             )
-        if not 0 < self.max_germinate_fraction <= 1:
-            raise ValueError(
-                "HeuristicConfig.max_germinate_fraction must be in (0, 1] (a fraction of "
-                f"the episode), got {self.max_germinate_fraction!r}"
+            require_number("plateau_delta", self.plateau_delta)
+            require_number(
+                "max_germinate_fraction",
+                self.max_germinate_fraction,
+                above=0,
+                at_most=1,
+                hint="a fraction of the episode",
             )
-        if not isinstance(self.blueprint_preference, tuple) or not all(
-            isinstance(n, str) for n in self.blueprint_preference
-        ):
-            raise ValueError(
-                "HeuristicConfig.blueprint_preference must be a tuple of blueprint names, "
-                f"got {self.blueprint_preference!r}"
-            )
-        if len(set(self.blueprint_preference)) != len(self.blueprint_preference):
-            raise ValueError(
-                f"HeuristicConfig.blueprint_preference has duplicates: {self.blueprint_preference}"
-            )
-        if isinstance(self.blend_mode, bool) or self.blend_mode not in set(BlendMode):
-            raise ValueError(
-                f"HeuristicConfig.blend_mode must be a BlendMode, got {self.blend_mode!r}"
-            )
-        if not isinstance(self.retry_refused_advance, bool):
-            raise ValueError(
-                "HeuristicConfig.retry_refused_advance must be a bool, got "
-                f"{self.retry_refused_advance!r}"
-            )
+            names = self.blueprint_preference
+            if not isinstance(names, tuple) or not all(isinstance(n, str) for n in names):
+                raise ConfigError(
+                    "blueprint_preference", f"must be a tuple of blueprint names, got {names!r}"
+                )
+            if len(set(names)) != len(names):
+                raise ConfigError("blueprint_preference", f"names one twice: {names}")
+            if isinstance(self.blend_mode, bool) or self.blend_mode not in set(BlendMode):
+                raise ConfigError(
+                    "blend_mode", f"must be one of {list(BlendMode)}, got {self.blend_mode!r}"
+                )
+            require_bool("retry_refused_advance", self.retry_refused_advance)
 
 
 #: The scripted grower: plants the preferred blueprint in every slot from the first
