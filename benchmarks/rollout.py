@@ -12,12 +12,17 @@ unless told otherwise), a fresh policy and a collector, runs one warm-up rollout
    host-training time is attributed correctly on CUDA (where ``run_epoch`` returns before
    its kernels finish), and reports the fraction of rollout time outside host training.
 
+With ``--overhead`` it instead times, for esper-lite's host and the default host at 4 and
+8 envs, whole PPO updates as ``Trainer.fit`` runs them against the pure host compute of
+the same work (``benchmarks/rollout_overhead.py`` says exactly what each side holds).
+
 With ``--telemetry`` it then times rollouts of the smallest ``n_envs`` with the
 :class:`TelemetryCallback` hooks called as in training, for each profile, and prints each
 profile's rollout time as a ratio to the same rollouts with telemetry off.
 
 Usage: ``python benchmarks/rollout.py [--device cuda] [--episode-epochs 5] [--repeats 2]
 [--telemetry]``
+or ``python benchmarks/rollout.py --overhead --episode-epochs 8``
 """
 
 from __future__ import annotations
@@ -205,7 +210,33 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--n-envs", type=int, nargs="+", default=list(N_ENVS))
     parser.add_argument("--telemetry", action="store_true", help="also time each telemetry profile")
+    parser.add_argument(
+        "--overhead",
+        action="store_true",
+        help="issue 16: wall per PPO update vs pure host compute (benchmarks/rollout_overhead.py)",
+    )
+    parser.add_argument("--updates", type=int, default=3, help="--overhead: timed updates")
+    parser.add_argument("--warmup", type=int, default=1, help="--overhead: untimed updates")
+    parser.add_argument("--hosts", nargs="+", help="--overhead: predecessor and/or default")
+    parser.add_argument("--threads", type=int, nargs="+", help="--overhead: torch thread counts")
+    parser.add_argument(
+        "--cpu-workers", type=int, help="--overhead: EnvConfig.cpu_workers (default: every core)"
+    )
     args = parser.parse_args()
+    if args.overhead:
+        from rollout_overhead import print_overhead
+
+        n_envs = [4, 8] if args.n_envs == list(N_ENVS) else args.n_envs
+        print_overhead(
+            n_envs,
+            args.episode_epochs,
+            args.updates,
+            args.warmup,
+            args.hosts,
+            args.threads,
+            args.cpu_workers,
+        )
+        return
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(

@@ -170,6 +170,7 @@ class MorphogeneticVecEnv:
                 scalers=self._scalers,
                 result_device=self.device,
                 same_shares=self.config.paired,
+                cpu_workers=self.config.cpu_workers,
             )
         except RuntimeError as exc:
             if "DataLoader worker" not in str(exc):

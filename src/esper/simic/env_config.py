@@ -58,10 +58,16 @@ class EnvConfig:
     #: Training sets it with ``PPOConfig.paired_envs``; evaluation keeps it off, so its
     #: episodes are independent.
     paired: bool = False
+    #: Threads that train CPU envs at once, each env's ops on one core: None uses every
+    #: core torch uses (``OMP_NUM_THREADS``), at most one per env; 1 trains envs in turn.
+    #: Results are the same either way; GPUs keep their per-env streams.
+    cpu_workers: int | None = None
 
     def __post_init__(self) -> None:
         with owned_by(self):
             require_bool("paired", self.paired)
+            if self.cpu_workers is not None:
+                require_int("cpu_workers", self.cpu_workers, 1, hint="or null for every core")
             require_choice("amp", self.amp, AMP_DTYPES)
             if self.devices is not None and not self.devices:
                 raise ConfigError("devices", "is empty; pass null to use the module's device")

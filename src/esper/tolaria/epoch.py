@@ -10,7 +10,6 @@ Shapes: ``E`` envs, ``S`` slots per host (every env runs the same host architect
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 
@@ -21,6 +20,9 @@ from esper.kasmina.growing_host import GrowingHost
 from esper.kasmina.hosts.base import HostModel
 from esper.kasmina.incubation import incubating_slots, incubation_loss
 from esper.tolaria.counterfactual import validate_with_counterfactuals
+from esper.tolaria.parallel import env_groups, resolve_workers, run_in_workers
+from esper.tolaria.streams import env_streams as _env_streams
+from esper.tolaria.streams import on_stream as _on_stream
 
 #: Autocast dtypes by the ``amp`` setting (None: full precision).
 AMP_DTYPES: dict[str, torch.dtype | None] = {
@@ -98,6 +100,7 @@ def run_epoch(
     scalers: dict[torch.device, torch.amp.GradScaler] | None = None,
     result_device: torch.device | str | None = None,
     same_shares: bool = False,
+    cpu_workers: int | None = None,
 ) -> EpochResult:
     """Train each env for one pass over ``train_batches``, then validate all envs together.
 
@@ -122,6 +125,11 @@ def run_epoch(
     each batch goes to every env as ``1 + K`` stacked replicas, where replica ``k > 0``
     runs with the ``k``-th BLENDING/HOLDING seed's alpha at 0, giving all counterfactual
     accuracies from the same pass.
+
+    ``cpu_workers``: when every env is on the CPU, envs train and validate in this many
+    threads at once (``esper.tolaria.parallel``; None: one per core torch uses, at most
+    one per env; 1: one after another). Results equal the sequential path's. Compiled
+    hosts and fp16 (one GradScaler shared by a device's envs) stay sequential.
     """
     if not envs:
         raise ValueError("run_epoch needs at least one env")
@@ -149,14 +157,20 @@ def run_epoch(
         scalers=scalers if amp == "fp16" else None,
         same_shares=same_shares,
     )
-    train = _train(envs, train_batches, options)
+    workers = resolve_workers(cpu_workers, len(envs))
+    if workers > 1 and not compile and amp != "fp16" and all(e.device.type == "cpu" for e in envs):
+        train, (val_loss, val_acc, cf_acc) = _train_and_validate_in_workers(
+            envs, train_batches, val_batches, options, workers, device
+        )
+    else:
+        train = _train(envs, train_batches, options)
+        val_loss, val_acc, cf_acc = validate_with_counterfactuals(envs, val_batches, device)
     for i, acc in enumerate(train):
         if acc.seen == 0 and not acc.skipped:
             raise ValueError(
                 f"env {i} received no training samples this epoch; the train loader must "
                 f"yield at least one batch of at least {len(envs)} samples (one per env)"
             )
-    val_loss, val_acc, cf_acc = validate_with_counterfactuals(envs, val_batches, device)
 
     def gather(values: list[Tensor]) -> Tensor:
         """Stack per-env figures on ``device``: device-to-device copies, no host read."""
@@ -184,11 +198,9 @@ class _Options:
     same_shares: bool = False
 
 
-def _train(
-    envs: Sequence[GrowingHost], batches: Iterable[tuple[Tensor, Tensor]], options: _Options
-) -> list[_EnvAccumulator]:
+def _accumulators(envs: Sequence[GrowingHost]) -> list[_EnvAccumulator]:
     n_slots = len(envs[0].slot_ids)
-    accs = [
+    return [
         _EnvAccumulator(
             loss_sum=torch.zeros((), device=env.device),
             correct=torch.zeros((), device=env.device, dtype=torch.long),
@@ -197,6 +209,12 @@ def _train(
         )
         for env in envs
     ]
+
+
+def _train(
+    envs: Sequence[GrowingHost], batches: Iterable[tuple[Tensor, Tensor]], options: _Options
+) -> list[_EnvAccumulator]:
+    accs = _accumulators(envs)
     for env in envs:
         env.model.train()
     streams = _env_streams(envs)
@@ -206,21 +224,77 @@ def _train(
     return accs
 
 
+@dataclass(frozen=True)
+class _ValBatches:
+    """The epoch's validation batches, sent to every worker after the last train batch."""
+
+    batches: list[tuple[Tensor, Tensor]]
+
+
+def _train_and_validate_in_workers(
+    envs: Sequence[GrowingHost],
+    train_batches: Iterable[tuple[Tensor, Tensor]],
+    val_batches: Iterable[tuple[Tensor, Tensor]],
+    options: _Options,
+    workers: int,
+    device: torch.device,
+) -> tuple[list[_EnvAccumulator], tuple[Tensor, Tensor, Tensor]]:
+    """CPU envs in ``workers`` threads, each training then validating its own group.
+
+    The calling thread draws every train batch once and then the validation split once
+    (a list: small, and every worker reads all of it); workers never wait for each other.
+    """
+    accs = _accumulators(envs)
+    for env in envs:
+        env.model.train()
+
+    def task(members: range) -> Callable[[Iterator[object]], tuple[Tensor, Tensor, Tensor]]:
+        def run(stream: Iterator[object]) -> tuple[Tensor, Tensor, Tensor]:
+            val: list[_ValBatches] = []
+
+            def train_part() -> Iterator[tuple[Tensor, Tensor]]:
+                for item in stream:
+                    if isinstance(item, _ValBatches):
+                        val.append(item)
+                        return
+                    yield item  # type: ignore[misc]
+
+            with torch.enable_grad():  # grad mode is per thread
+                _train_batches(envs, accs, train_part(), [None] * len(envs), options, members)
+            group = [envs[i] for i in members]
+            if not val:  # the feeder failed; its exception is what gets raised
+                raise RuntimeError("the epoch's batches stopped before validation")
+            return validate_with_counterfactuals(group, val[0].batches, device)
+
+        return run
+
+    def items() -> Iterator[object]:
+        yield from train_batches
+        yield _ValBatches(list(val_batches))
+
+    parts = run_in_workers([task(g) for g in env_groups(len(envs), workers)], items())
+    val_loss, val_acc, cf_acc = (torch.cat([p[k] for p in parts]) for k in range(3))
+    return accs, (val_loss, val_acc, cf_acc)
+
+
 def _train_batches(
     envs: Sequence[GrowingHost],
     accs: list[_EnvAccumulator],
     batches: Iterable[tuple[Tensor, Tensor]],
     streams: list[torch.cuda.Stream | None],
     options: _Options,
+    members: Sequence[int] | None = None,
 ) -> None:
-    devices = [env.device for env in envs]
+    """Train the envs numbered ``members`` (default: all) on every batch's shares."""
+    members = range(len(envs)) if members is None else members
+    devices = {envs[i].device for i in members}
     for b, (x_cpu, y_cpu) in enumerate(batches):
         # One copy of the batch per device the envs live on (round-robin placement).
         copies = {
-            d: (x_cpu.to(d, non_blocking=True), y_cpu.to(d, non_blocking=True))
-            for d in set(devices)
+            d: (x_cpu.to(d, non_blocking=True), y_cpu.to(d, non_blocking=True)) for d in devices
         }
-        for i, (env, acc) in enumerate(zip(envs, accs, strict=True)):
+        for i in members:
+            env, acc = envs[i], accs[i]
             x, y = copies[env.device]
             share = b % len(envs) if options.same_shares else i
             xe, ye = x.tensor_split(len(envs))[share], y.tensor_split(len(envs))[share]
@@ -321,32 +395,3 @@ def _update_grad_flags(env: GrowingHost, flags: Tensor) -> None:
         if grads:
             norm = torch.nn.utils.get_total_norm(grads)
             flags[s : s + 1].logical_and_(torch.isfinite(norm))
-
-
-# ------------------------------------------------------------------------- streams
-def _env_streams(envs: Sequence[GrowingHost]) -> list[torch.cuda.Stream | None]:
-    """A side stream per env on its CUDA device; None for envs elsewhere."""
-    streams: list[torch.cuda.Stream | None] = []
-    for env in envs:
-        if env.device.type != "cuda":
-            streams.append(None)
-            continue
-        stream = torch.cuda.Stream(env.device)
-        # The env's weights were last touched on its device's main stream.
-        stream.wait_stream(torch.cuda.current_stream(env.device))
-        streams.append(stream)
-    return streams
-
-
-@contextlib.contextmanager
-def _on_stream(
-    stream: torch.cuda.Stream | None, device: torch.device, inputs: tuple[Tensor, ...]
-) -> Iterator[None]:
-    if stream is None:
-        yield
-        return
-    stream.wait_stream(torch.cuda.current_stream(device))  # the batch was copied on main
-    for t in inputs:
-        t.record_stream(stream)  # keep the batch's memory alive until this stream is done
-    with torch.cuda.stream(stream):
-        yield

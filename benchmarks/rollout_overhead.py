@@ -1,0 +1,232 @@
+"""``benchmarks/rollout.py --overhead``: wall time of PPO updates as training runs them
+against the pure host compute of the same work, in the same process.
+
+Each case runs ``Trainer.fit`` of a :class:`PPOModule` with the default callbacks of
+``esper fit`` (telemetry, governor, timeline, best and last checkpoint; TensorBoard
+logger; no progress bar) and times every update from ``on_train_epoch_start`` to the end
+of ``on_train_epoch_end`` (rollout, PPO update, logging, checkpoints). During the timed
+updates it deep-copies every env's host (model and optimizers) before each host epoch;
+the copy is timed and subtracted from that update. Afterwards, still in the same run, the
+pure host compute trains those copies on the same pre-collated batches (the epoch's
+shares of the host train loader, collated once beforehand), with forward, loss, the
+incubation pass of TRAINING seeds, backward and optimiser steps, then a plain forward
+over the pre-collated validation batches: no policy, no snapshots, no counterfactual
+replicas, no telemetry, no accumulators. With ``cpu_workers > 1`` the pure compute runs
+the same env groups in as many threads, each env's ops on one intra-op thread, with no
+synchronisation between epochs (the best case the threads could reach). A third figure,
+``run_epoch s``, runs ``run_epoch`` itself on further copies of the same hosts with the
+same pre-collated batches: what it adds to the pure compute is counterfactual replicas and
+bookkeeping; what the wall adds to it is the policy, PPO, snapshots, loader and callbacks.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from torch import Tensor
+
+from esper.callbacks import CALLBACKS
+from esper.callbacks.checkpoint import EsperCheckpointIO
+from esper.cli.options import DEFAULT_CALLBACKS
+from esper.kasmina import GrowingHost
+from esper.kasmina.incubation import incubating_slots, incubation_loss
+from esper.simic.module import DEFAULT_HOST_KWARGS, PPOModule
+from esper.tolaria.data import DATAMODULES
+from esper.tolaria.epoch import run_epoch
+from esper.tolaria.parallel import env_groups, resolve_workers
+
+#: The two hosts of issue 16: esper-lite's (6 418 parameters on 3x32x32) and esper's default.
+HOSTS: dict[str, dict[str, Any]] = {
+    "predecessor": {"channels": [8, 16, 32], "convs_per_stage": 1},
+    "default": dict(DEFAULT_HOST_KWARGS["cnn"]),
+}
+Batch = tuple[Tensor, Tensor]
+
+
+class _UpdateTimer(L.Callback):
+    """Times each update and records every host epoch's hosts, copy time excluded."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup = warmup
+        self.seconds: list[float] = []
+        #: Per timed update, per host epoch, the envs' hosts as that epoch found them.
+        self.hosts: list[list[list[GrowingHost]]] = []
+        self._copy_s = 0.0
+        self._start = 0.0
+
+    def on_train_epoch_start(self, trainer: L.Trainer, module: PPOModule) -> None:
+        env = module.env
+        assert env is not None
+        if trainer.current_epoch == self.warmup:
+            original = env.train_epoch
+
+            def recorded() -> object:
+                tick = time.perf_counter()
+                self.hosts[-1].append([copy.deepcopy(h) for h in env.hosts])
+                self._copy_s += time.perf_counter() - tick
+                return original()
+
+            env.train_epoch = recorded  # type: ignore[method-assign]
+        if trainer.current_epoch >= self.warmup:
+            self.hosts.append([])
+        self._copy_s = 0.0
+        self._start = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer: L.Trainer, module: PPOModule) -> None:
+        if trainer.current_epoch >= self.warmup:
+            self.seconds.append(time.perf_counter() - self._start - self._copy_s)
+
+
+def _pure_epochs(hosts: list[list[GrowingHost]], train: list[Batch], val: list[Batch]) -> None:
+    """Train and validate one env group's hosts over their epochs: compute only."""
+    with torch.enable_grad():
+        for epoch_hosts in hosts:
+            for i, host, n in epoch_hosts:  # type: ignore[misc]
+                model = host.model
+                model.train()
+                for x, y in train:
+                    xe, ye = x.tensor_split(n)[i], y.tensor_split(n)[i]
+                    host.zero_grad()
+                    loss = model.loss_and_correct(model(xe), ye)[0]
+                    loss.backward()
+                    incubating = incubating_slots(model)
+                    if incubating:
+                        incubation_loss(model, incubating, xe, ye).backward()
+                    host.step()
+                model.eval()
+                with torch.no_grad():
+                    for x, y in val:
+                        model.loss_and_correct(model(x), y)
+                model.train()
+
+
+def pure_host_compute(
+    update: list[list[GrowingHost]], train: list[Batch], val: list[Batch], workers: int
+) -> float:
+    """Seconds to train and validate one update's recorded hosts (the copies are trained)."""
+    n = len(update[0])
+    groups = env_groups(n, workers)
+    work = [[[(i, epoch[i], n) for i in g] for epoch in update] for g in groups]
+    if workers == 1:
+        start = time.perf_counter()
+        _pure_epochs(work[0], train, val)  # type: ignore[arg-type]
+        return time.perf_counter() - start
+
+    def run(part: list[Any]) -> None:
+        torch.set_num_threads(1)
+        _pure_epochs(part, train, val)
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    threads = [threading.Thread(target=run, args=(part,)) for part in work]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - start
+    torch.set_num_threads(previous)
+    return seconds
+
+
+def run_epoch_compute(
+    update: list[list[GrowingHost]], train: list[Batch], val: list[Batch], workers: int
+) -> float:
+    """Seconds ``run_epoch`` takes for the same hosts and batches: the pure compute plus
+    counterfactual replicas, accumulators, gradient flags and the workers' hand-off."""
+    start = time.perf_counter()
+    for epoch in update:
+        run_epoch(epoch, train, val, cpu_workers=workers)
+    return time.perf_counter() - start
+
+
+def overhead_case(
+    host: str,
+    n_envs: int,
+    episode_epochs: int,
+    updates: int,
+    warmup: int,
+    seed: int,
+    cpu_workers: int | None = None,
+) -> dict[str, float]:
+    """Median wall per update, median pure host compute per update, for one case."""
+    data = DATAMODULES.get("synthetic")(
+        input_shape=[3, 32, 32], n_classes=10, n_train=1000, n_val=200, batch_size=16 * n_envs
+    )
+    L.seed_everything(seed, verbose=False)
+    module = PPOModule(n_envs=n_envs, episode_epochs=episode_epochs, host_kwargs=HOSTS[host])
+    module.env_config = replace(module.env_config, cpu_workers=cpu_workers)
+    timer = _UpdateTimer(warmup)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = L.Trainer(
+            default_root_dir=tmp,
+            max_epochs=warmup + updates,
+            logger=TensorBoardLogger(tmp),
+            callbacks=[*(CALLBACKS.get(name)() for name in DEFAULT_CALLBACKS), timer],
+            plugins=[EsperCheckpointIO()],
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            log_every_n_steps=1,
+        )
+        trainer.fit(module, datamodule=data)
+    train = list(data.host_train_dataloader())
+    val = list(data.host_val_dataloader())
+    workers = resolve_workers(module.env_config.cpu_workers, n_envs)
+    fresh = copy.deepcopy(timer.hosts)
+    pure = [pure_host_compute(u, train, val, workers) for u in timer.hosts]
+    epochs = [run_epoch_compute(u, train, val, workers) for u in fresh]
+    return {
+        "wall": statistics.median(timer.seconds),
+        "pure": statistics.median(pure),
+        "run_epoch": statistics.median(epochs),
+        "workers": workers,
+    }
+
+
+def print_overhead(
+    n_envs: list[int],
+    episode_epochs: int,
+    updates: int,
+    warmup: int,
+    hosts: list[str] | None = None,
+    threads: list[int] | None = None,
+    cpu_workers: int | None = None,
+) -> None:
+    """Every case at one torch thread and at the process's default, one after the other,
+    so that both settings meet the same load on a shared machine."""
+    default_threads = torch.get_num_threads()
+    print(
+        f"overhead: synthetic 3x32x32, 10 classes, 1000 train / 200 val, 16 images per env "
+        f"per step, episode_epochs={episode_epochs}, {updates} timed updates after {warmup} "
+        f"warm-up, torch threads {threads or [1, default_threads]} (torch.set_num_threads) in "
+        f"turn, cpu_workers={cpu_workers}"
+    )
+    print(
+        f"{'host':>11} | {'n_envs':>6} | {'threads':>7} | {'workers':>7} | "
+        f"{'wall s/update':>13} | {'run_epoch s':>11} | {'pure host s':>11} | {'ratio':>5} | "
+        f"{'wall / 1 thread':>15}"
+    )
+    for host in hosts or list(HOSTS):
+        for n in n_envs:
+            one_thread = 0.0
+            for count in dict.fromkeys(threads or (1, default_threads)):
+                torch.set_num_threads(count)
+                m = overhead_case(host, n, episode_epochs, updates, warmup, 0, cpu_workers)
+                one_thread = one_thread or m["wall"]
+                print(
+                    f"{host:>11} | {n:>6} | {count:>7} | {m['workers']:>7} | "
+                    f"{m['wall']:>13.3f} | {m['run_epoch']:>11.3f} | {m['pure']:>11.3f} | "
+                    f"{m['wall'] / m['pure']:>5.3f} | "
+                    f"{m['wall'] / one_thread:>15.3f}",
+                    flush=True,
+                )
+            torch.set_num_threads(default_threads)

@@ -1,0 +1,165 @@
+"""CPU worker threads: envs train at once, with results equal to the sequential path's.
+
+The sequential path is run at one intra-op thread, the count every worker runs its ops at:
+a float sum split over two intra-op threads may round differently, and equality is only
+promised at the same per-op thread count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+from torch import Tensor
+
+from esper.contracts import BlendMode, SeedStage
+from esper.contracts.config_errors import ConfigError
+from esper.host_reads import HostReadCounter
+from esper.kasmina import GrowingHost, TransformerHost
+from esper.simic.env_config import EnvConfig
+from esper.tolaria import epoch
+from esper.tolaria.epoch import EpochResult, run_epoch
+from esper.tolaria.parallel import env_groups, resolve_workers, run_in_workers
+from tests.simic.envs import collector, small_env
+from tests.tolaria.loaders import image_loaders, token_loaders
+from tests.tolaria.test_epoch import FAST, cnn_envs, to_stage
+
+
+@pytest.fixture(autouse=True)
+def one_intra_op_thread() -> Iterator[None]:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def assert_same_result(a: EpochResult, b: EpochResult) -> None:
+    for name, value in a.as_dict().items():
+        assert torch.equal(value, b.as_dict()[name]), name
+    assert a.skipped_envs == b.skipped_envs
+
+
+def assert_same_hosts(a: list[GrowingHost], b: list[GrowingHost]) -> None:
+    for env_a, env_b in zip(a, b, strict=True):
+        for (name, p), q in zip(
+            env_a.model.state_dict().items(), env_b.model.state_dict().values(), strict=True
+        ):
+            assert torch.equal(p, q), name
+        state_a, state_b = env_a.host_optimizer.state_dict(), env_b.host_optimizer.state_dict()
+        for key, per_param in state_a["state"].items():
+            for field, value in per_param.items():
+                if isinstance(value, Tensor):
+                    assert torch.equal(value, state_b["state"][key][field]), (key, field)
+
+
+def transformer_envs() -> list[GrowingHost]:
+    torch.manual_seed(0)
+    envs = [GrowingHost(TransformerHost(seq_len=12, d_model=32, lifecycle=FAST)) for _ in range(3)]
+    envs[0].germinate("block0", "attention", BlendMode.LINEAR)
+    to_stage(envs[0], "block0", SeedStage.BLENDING)
+    envs[1].germinate("block1", "lora", BlendMode.LINEAR)
+    to_stage(envs[1], "block1", SeedStage.TRAINING)
+    return envs
+
+
+@pytest.mark.parametrize("workers", [2, 3, 4])
+def test_cnn_envs_in_workers_equal_the_sequential_path_bit_for_bit(workers: int) -> None:
+    """Seeds in every stage run_epoch treats differently; 3 workers give uneven groups."""
+    sequential, parallel = cnn_envs(), cnn_envs()
+    train, val = image_loaders()
+    for _ in range(3):
+        expected = run_epoch(sequential, train, val, cpu_workers=1)
+        got = run_epoch(parallel, train, val, cpu_workers=workers)
+        assert_same_result(expected, got)
+    assert_same_hosts(sequential, parallel)
+    assert torch.get_num_threads() == 1  # restored, not left at the workers' count
+
+
+def test_transformer_envs_in_workers_equal_the_sequential_path_and_same_shares() -> None:
+    sequential, parallel = transformer_envs(), transformer_envs()
+    train, val = token_loaders()
+    for _ in range(2):
+        expected = run_epoch(sequential, train, val, cpu_workers=1, same_shares=True)
+        got = run_epoch(parallel, train, val, cpu_workers=2, same_shares=True)
+        assert_same_result(expected, got)
+    assert_same_hosts(sequential, parallel)
+
+
+def test_workers_read_nothing_on_the_host() -> None:
+    envs = cnn_envs()
+    train, val = image_loaders()
+    with HostReadCounter() as counter:
+        run_epoch(envs, train, val, cpu_workers=2)
+    assert counter.count == 0, counter.report()
+
+
+def test_a_rollout_with_workers_equals_the_sequential_rollout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Real envs, policy and rewards: two episodes give the same transitions and hosts."""
+    parallel_epochs: list[int] = []
+
+    def counted(tasks: list[object], items: object) -> list[object]:
+        parallel_epochs.append(len(tasks))
+        return run_in_workers(tasks, items)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(epoch, "run_in_workers", counted)
+    runs = []
+    for workers in (1, 2):
+        col = collector(small_env(4, 3, cpu_workers=workers))
+        steps: list[object] = []
+        batches = [col.collect(r, on_step=steps.append)[0] for r in range(2)]
+        runs.append((col, steps, batches))
+    (col_a, steps_a, batches_a), (col_b, steps_b, batches_b) = runs
+    assert parallel_epochs == [2] * 6  # every host epoch of the second run, in 2 threads
+    assert len(steps_a) == len(steps_b) == 4
+    for a, b in zip(steps_a, steps_b, strict=True):
+        np.testing.assert_array_equal(a.rewards, b.rewards)  # type: ignore[attr-defined]
+        np.testing.assert_array_equal(a.actions, b.actions)  # type: ignore[attr-defined]
+        np.testing.assert_array_equal(a.val_acc, b.val_acc)  # type: ignore[attr-defined]
+    for a, b in zip(batches_a, batches_b, strict=True):
+        assert torch.equal(a.advantages, b.advantages)
+    assert_same_hosts(col_a.env.hosts, col_b.env.hosts)
+
+
+def test_a_worker_error_is_raised_after_every_worker_stopped() -> None:
+    envs = cnn_envs()
+    train, val = image_loaders()
+    bad = [(torch.randn(16, 3, 8, 8), torch.zeros(16, dtype=torch.long))]  # wrong channels
+    with pytest.raises((ValueError, RuntimeError)):
+        run_epoch(envs, bad, val, cpu_workers=2)
+    assert torch.get_num_threads() == 1
+    run_epoch(envs, train, val, cpu_workers=2)  # the envs still train afterwards
+
+
+def test_a_failing_loader_stops_the_workers_and_its_error_is_raised() -> None:
+    train, _ = image_loaders()
+
+    def failing() -> Iterator[tuple[Tensor, Tensor]]:
+        yield next(iter(train))
+        raise RuntimeError("DataLoader worker (pid 1) is killed by signal")
+
+    def count(stream: Iterator[object]) -> int:
+        return sum(1 for _ in stream)
+
+    with pytest.raises(RuntimeError, match="DataLoader worker"):
+        run_in_workers([count, count], failing())
+    assert run_in_workers([count, count], iter(range(5))) == [5, 5]
+
+
+def test_workers_default_to_torch_threads_at_most_one_per_env() -> None:
+    torch.set_num_threads(2)
+    assert resolve_workers(None, 4) == 2
+    assert resolve_workers(None, 1) == 1
+    torch.set_num_threads(1)
+    assert resolve_workers(None, 4) == 1
+    assert resolve_workers(8, 4) == 4
+    assert env_groups(5, 2) == [range(0, 2), range(2, 5)]
+
+
+def test_cpu_workers_must_be_a_positive_int_or_null() -> None:
+    assert EnvConfig(cpu_workers=2).cpu_workers == 2
+    with pytest.raises(ConfigError, match="cpu_workers"):
+        EnvConfig(cpu_workers=0)
