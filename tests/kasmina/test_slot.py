@@ -363,29 +363,47 @@ def test_channel_gate_scales_each_channel_by_sigmoid_of_its_logit(
 
 
 @pytest.mark.parametrize("kind", ["cnn", "transformer"])
-def test_counterfactual_scale_gives_each_replica_its_own_alpha(kind: str) -> None:
+def test_counterfactual_forks_append_one_replica_per_seed_with_that_seed_off(kind: str) -> None:
+    """Two HOLDING seeds: the host returns [as is, first seed off, second seed off]."""
     host = make_host(kind, lifecycle=FAST)
-    slot = host.slot(host.slot_ids[0])
-    seed = slot.germinate("mlp", BlendMode.LINEAR)
-    _walk_to(slot, SeedStage.HOLDING)
-    with torch.no_grad():
-        for p in seed.parameters():
-            p.normal_(std=0.5)
+    first, second = (host.slot(s) for s in host.slot_ids[:2])
+    for slot in (first, second):
+        seed = slot.germinate("mlp", BlendMode.LINEAR)
+        _walk_to(slot, SeedStage.HOLDING)
+        with torch.no_grad():
+            for p in seed.parameters():
+                p.normal_(std=0.5)
     host.eval()
     x, _ = make_batch(host)
+
+    def with_alphas(a: float, b: float) -> torch.Tensor:
+        first._alpha_t.fill_(a)
+        second._alpha_t.fill_(b)
+        out = host(x)
+        first._sync_alpha()
+        second._sync_alpha()
+        return out
+
     with torch.no_grad():
-        with_seed = host(x)
-        slot.set_counterfactual_scale(torch.zeros(1))
-        without_seed = host(x)
-        slot.set_counterfactual_scale(torch.tensor([1.0, 0.0]))
-        both = host(torch.cat([x, x]))
-        slot.set_counterfactual_scale(None)
+        expected = [with_alphas(1.0, 1.0), with_alphas(0.0, 1.0), with_alphas(1.0, 0.0)]
+        first.set_counterfactual_fork(1)
+        second.set_counterfactual_fork(2)
+        forked = host(x)
+        first.set_counterfactual_fork(None)
+        second.set_counterfactual_fork(None)
         again = host(x)
-    assert not torch.allclose(with_seed, without_seed)
+    assert not torch.allclose(expected[0], expected[1])
+    assert not torch.allclose(expected[0], expected[2])
     n = x.shape[0]
-    assert torch.allclose(both[:n], with_seed, atol=1e-6)
-    assert torch.allclose(both[n:], without_seed, atol=1e-6)
-    assert torch.equal(again, with_seed)
+    assert forked.shape[0] == 3 * n
+    for r, reference in enumerate(expected):
+        assert torch.allclose(forked[r * n : (r + 1) * n], reference, atol=1e-5), r
+    assert torch.equal(again, expected[0])
+
+
+def test_counterfactual_fork_needs_a_live_replica() -> None:
+    with pytest.raises(ValueError, match="at least 1 live replica"):
+        make_host("cnn").slot("stage0").set_counterfactual_fork(0)
 
 
 def test_slot_alpha_and_stage_mirror_its_lifecycle_and_show_in_repr() -> None:

@@ -124,18 +124,17 @@ def test_counterfactual_equals_accuracy_with_that_seed_switched_off() -> None:
         for s, slot in enumerate(env.model.iter_slots()):
             if slot.stage in (SeedStage.BLENDING, SeedStage.HOLDING):
                 switched_off = copy.deepcopy(env)
-                target = switched_off.model.slot(slot.slot_id)
-                target.set_counterfactual_scale(torch.zeros(1))
+                switched_off.model.slot(slot.slot_id)._alpha_t.fill_(0.0)
                 expected = _plain_val_acc(switched_off, val)
             else:
                 expected = result.val_acc[i].item()
             assert result.cf_val_acc[i, s].item() == pytest.approx(expected), (i, slot.slot_id)
 
 
-def test_counterfactual_scales_are_cleared_after_validation() -> None:
+def test_counterfactual_forks_are_cleared_after_validation() -> None:
     envs = cnn_envs()
     run_epoch(envs, *image_loaders())
-    assert all(slot._cf_scale is None for env in envs for slot in env.model.iter_slots())
+    assert all(slot._cf_fork is None for env in envs for slot in env.model.iter_slots())
     assert all(env.model.training for env in envs)
 
 
@@ -147,7 +146,7 @@ def test_blending_seed_moves_validation_away_from_its_counterfactual() -> None:
     # env 3 holds a HOLDING seed at alpha 1: its counterfactual is a different network.
     logits_on = _val_logits(envs[3], val)
     off = copy.deepcopy(envs[3])
-    off.model.slot("stage1").set_counterfactual_scale(torch.zeros(1))
+    off.model.slot("stage1")._alpha_t.fill_(0.0)
     assert not torch.equal(logits_on, _val_logits(off, val))
     assert result.cf_val_acc[0].eq(result.val_acc[0]).all()  # env 0 has no seed
 

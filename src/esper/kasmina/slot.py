@@ -54,8 +54,8 @@ class SeedSlot(nn.Module):
         # Alpha as a device scalar, refreshed by every lifecycle op: forward multiplies by a
         # tensor, so a compiled forward does not recompile each time the ramp moves.
         self.register_buffer("_alpha_t", torch.zeros(()), persistent=False)
-        # Per-replica alpha multipliers for the fused counterfactual pass; see `counterfactual`.
-        self._cf_scale: Tensor | None = None
+        # During a counterfactual pass: how many replicas of the batch reach this slot.
+        self._cf_fork: int | None = None
         #: Set during the incubation pass: a TRAINING seed then adds its output at alpha 1.
         self.incubating = False
 
@@ -135,19 +135,26 @@ class SeedSlot(nn.Module):
         delta = seed(h if stage is SeedStage.FOSSILIZED else h.detach())
         if self.gate is not None:
             delta = self.gate(delta)
-        scale = self._cf_scale
-        if scale is None:
-            return h + self._alpha_t * delta
-        # Counterfactual replicas: the batch is R copies of the input; replica r sees this
-        # seed with alpha * scale[r].
-        replicas = scale.shape[0]
-        shaped = delta.unflatten(0, (replicas, -1))
-        weights = (self._alpha_t * scale).view(replicas, *([1] * (shaped.dim() - 1)))
-        return h + (shaped * weights).flatten(0, 1)
+        out = h + self._alpha_t * delta
+        live = self._cf_fork
+        if live is None:
+            return out
+        # Counterfactual pass: ``h`` stacks ``live`` replicas of the batch, which differ only
+        # by the seeds switched off upstream. Every replica keeps this seed; one more, replica
+        # 0's input without it, is appended. Until the first such slot the replicas would be
+        # identical, so the host runs that prefix once.
+        return torch.cat([out, h[: h.shape[0] // live]])
 
-    def set_counterfactual_scale(self, scale: Tensor | None) -> None:
-        """Per-replica alpha multipliers ``[R]`` for a fused counterfactual pass (None to clear)."""
-        self._cf_scale = scale
+    def set_counterfactual_fork(self, live: int | None) -> None:
+        """Fork a counterfactual replica here: ``live`` replicas arrive (None to clear).
+
+        The ``k``-th contributing slot in forward order (from 1) gets ``live = k``, so a
+        batch of ``B`` samples leaves it as ``(k + 1) * B`` rows, replica ``k`` being the
+        host with that slot's seed switched off (see ``esper.tolaria.counterfactual``).
+        """
+        if live is not None and live < 1:
+            raise ValueError(f"a counterfactual fork needs at least 1 live replica, got {live}")
+        self._cf_fork = live
 
     def extra_repr(self) -> str:
         bp = self.lifecycle.blueprint or "-"

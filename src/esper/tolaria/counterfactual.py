@@ -1,9 +1,10 @@
 """The validation half of a host epoch: every env's accuracy and, from the same pass, each
 seed's counterfactual (the accuracy with that seed's alpha forced to 0).
 
-Training in ``esper.tolaria.epoch`` is per env and per batch; validation is one fused
-forward per env and batch over stacked replicas, and the counterfactual accuracies it
-yields are what a seed's contribution (``EpochResult.contribution``) is measured against.
+Training in ``esper.tolaria.epoch`` is per env and per batch; validation is one forward per
+env and batch that forks a replica of the batch at each contributing seed, and the
+counterfactual accuracies it yields are what a seed's contribution
+(``EpochResult.contribution``) is measured against.
 Nothing here reads a tensor's value on the host.
 """
 
@@ -24,14 +25,17 @@ def validate_with_counterfactuals(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(val_loss [E], val_acc [E], cf_val_acc [E, S])`` on ``device`` from one pass.
 
-    Each batch goes to every env as ``1 + K`` stacked replicas (:class:`CounterfactualPlan`),
-    so the counterfactual accuracies cost one wider forward rather than ``K`` more passes.
-    Sums stay on each env's device; only device-to-device copies reach ``device``.
+    Each batch goes once into every env; the host leaves it as ``1 + K`` stacked replicas
+    (:class:`CounterfactualPlan`), so the counterfactual accuracies cost one wider forward
+    from the first contributing seed on, rather than ``K`` more passes: layers before it run
+    once, as in a plain validation pass. Sums stay on each env's device; only
+    device-to-device copies reach ``device``.
 
     Raises:
-        ValueError: ``batches`` yielded no samples.
+        ValueError: ``batches`` yielded no samples, or a host's forward does not visit its
+            slots in the order of ``HostModel.slots``.
     """
-    plans = [CounterfactualPlan(env, env.device) for env in envs]
+    plans = [CounterfactualPlan(env) for env in envs]
     loss_sums = [torch.zeros(p.replicas, device=e.device) for p, e in zip(plans, envs, strict=True)]
     corrects = [
         torch.zeros(p.replicas, device=e.device, dtype=torch.long)
@@ -49,8 +53,14 @@ def validate_with_counterfactuals(
             for env, plan, loss_sum, correct in zip(envs, plans, loss_sums, corrects, strict=True):
                 x, y = copies[env.device]
                 r = plan.replicas
-                stacked = x.unsqueeze(0).expand(r, *x.shape).reshape(r * x.shape[0], *x.shape[1:])
-                outputs = env.model(stacked)
+                outputs = env.model(x)
+                if outputs.shape[0] != r * x.shape[0]:  # shapes only: no device read
+                    raise ValueError(
+                        f"{type(env.model).__name__} returned {outputs.shape[0]} rows for a "
+                        f"batch of {x.shape[0]} with {r - 1} contributing seeds (expected "
+                        f"{r * x.shape[0]}); its forward must visit its slots in the order of "
+                        "HostModel.slots"
+                    )
                 loss_sum.add_(env.model.loss_per_replica(outputs, y, r))
                 correct.add_(env.model.correct_per_replica(outputs, y, r))
             seen += y.numel()
@@ -77,24 +87,22 @@ def validate_with_counterfactuals(
 class CounterfactualPlan:
     """Which replica switches off which slot's seed, for one env's validation pass.
 
-    Replica 0 is the env as it is; replica ``k`` scales the ``k``-th blending seed's alpha
-    by 0. ``slot_to_replica[s]`` picks the replica whose accuracy is slot ``s``'s
-    counterfactual (0 for slots with nothing to switch off).
+    Replica 0 is the env as it is; replica ``k`` is the env with the ``k``-th contributing
+    seed (in forward order) at alpha 0, forked at that seed's slot. ``slot_to_replica[s]``
+    picks the replica whose accuracy is slot ``s``'s counterfactual (0 for slots with
+    nothing to switch off).
     """
 
-    def __init__(self, env: GrowingHost, device: torch.device) -> None:
+    def __init__(self, env: GrowingHost) -> None:
         slots = list(env.model.iter_slots())
-        blending = [s for s in slots if s.has_seed and s.stage in CONTRIBUTING_STAGES]
-        self.replicas = 1 + len(blending)
-        self._slots = blending
-        replica_of = {id(s): k + 1 for k, s in enumerate(blending)}
+        contributing = [s for s in slots if s.has_seed and s.stage in CONTRIBUTING_STAGES]
+        self.replicas = 1 + len(contributing)
+        self._slots = contributing
+        replica_of = {id(s): k + 1 for k, s in enumerate(contributing)}
         self.slot_to_replica = [replica_of.get(id(s), 0) for s in slots]
-        for k, slot in enumerate(blending):
-            # Built on the device: uploading a pageable host tensor would wait for the stream.
-            scale = torch.ones(self.replicas, device=device)
-            scale[k + 1] = 0.0
-            slot.set_counterfactual_scale(scale)
+        for k, slot in enumerate(contributing):
+            slot.set_counterfactual_fork(k + 1)
 
     def clear(self) -> None:
         for slot in self._slots:
-            slot.set_counterfactual_scale(None)
+            slot.set_counterfactual_fork(None)

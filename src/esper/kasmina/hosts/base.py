@@ -19,7 +19,11 @@ from esper.kasmina.slot import SeedSlot
 
 
 class HostModel(nn.Module, ABC):
-    """Base class for hosts. Subclasses build ``self.slots`` and define the task's loss."""
+    """Base class for hosts. Subclasses build ``self.slots`` and define the task's loss.
+
+    ``self.slots`` lists the slots in the order ``forward`` passes through them: the
+    counterfactual validation pass forks its replicas slot by slot in that order.
+    """
 
     #: The host family, matched against blueprints' ``host_kinds``.
     kind: str = ""
