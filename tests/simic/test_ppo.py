@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,6 +19,7 @@ from esper.simic.ppo import (
     ppo_losses,
     ppo_update,
 )
+from esper.simic.rewards import RewardConfig, RewardInputs, shaped_reward, total
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.policy import LSTMState, PolicyConfig, PolicyNetwork
 from tests.simic import bandit_env
@@ -378,3 +380,45 @@ def test_the_learning_rate_falls_linearly_over_the_run_when_annealed(
 def test_a_non_bool_anneal_lr_is_refused_naming_the_field() -> None:
     with pytest.raises(ValueError, match=r"PPOConfig\.anneal_lr"):
         PPOConfig(anneal_lr=1)  # type: ignore[arg-type]
+
+
+def test_default_returns_are_final_accuracy_minus_accuracy_then_whatever_the_critic_says() -> None:
+    """With the default gamma and lambda the shaped reward's accuracy terms telescope in
+    the value targets: from step t the return is final acc - acc before t + final acc
+    (terminal), so PPO optimises the figure growth is judged by, not a discounted sum."""
+    n_envs, steps = 3, 7
+    rng = np.random.default_rng(0)
+    acc = rng.uniform(0.5, 1.0, size=(n_envs, steps + 1))  # acc[:, t] before step t
+    rewards = []
+    for t in range(steps):
+        flags = np.zeros(n_envs, dtype=bool)
+        inputs = RewardInputs(
+            val_acc=acc[:, t + 1],
+            prev_val_acc=acc[:, t],
+            contribution=np.zeros((n_envs, 1)),
+            blending=np.zeros((n_envs, 1), dtype=bool),
+            seed_params=np.zeros(n_envs, dtype=np.int64),
+            illegal_op=flags,
+            wasted_op=flags,
+            fossilized=flags,
+            terminal=np.full(n_envs, t == steps - 1),
+            rollback=flags,
+        )
+        rewards.append(total(shaped_reward(inputs, RewardConfig())))
+    config = PPOConfig()
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(n_envs, steps, generator=g, dtype=torch.float64)
+    last = torch.zeros(n_envs, steps, dtype=torch.bool)
+    last[:, -1] = True
+    _, returns = compute_gae(
+        torch.from_numpy(np.stack(rewards, axis=1)).double(),
+        values,
+        torch.cat([values[:, 1:], torch.zeros(n_envs, 1, dtype=torch.float64)], dim=1),
+        last,
+        last,
+        config.gamma,
+        config.gae_lambda,
+    )
+    final = torch.from_numpy(acc[:, -1:])
+    expected = (final - torch.from_numpy(acc[:, :-1])) + final
+    torch.testing.assert_close(returns, expected, atol=1e-6, rtol=0)

@@ -86,8 +86,12 @@ class PPOConfig:
         normalize_advantages: standardise the advantages of each minibatch (mean 0,
             std 1) before the clipped surrogate loss.
         gamma: discount of future rewards in GAE; lower values weigh near rewards more.
+            1 (the default) keeps the reward's telescoping: the return from a step is the
+            final accuracy minus the accuracy then (plus rent), which is what growth is
+            judged by; below 1 the policy optimises a discounted sum that is not.
         gae_lambda: GAE trace decay in [0, 1]: 0 gives one-step TD errors (less variance,
-            more bias), 1 Monte Carlo returns.
+            more bias), 1 Monte Carlo returns (the default: with paired envs the
+            leave-one-out baseline takes the variance out that the critic would).
         anneal_lr: let lr fall linearly to 0 by the run's last update
             (trainer.max_epochs); false keeps lr fixed.
         paired_envs: start every env of a rollout from the same host and data, and take
@@ -107,8 +111,8 @@ class PPOConfig:
     max_grad_norm: float = 0.5
     target_kl: float | None = None
     normalize_advantages: bool = True
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
+    gamma: float = 1.0
+    gae_lambda: float = 1.0
     #: Let the learning rate fall linearly to 0 by the run's last update (CleanRL's
     #: ``anneal_lr``): at a fixed 1e-3 a 60-update run's approx_kl climbed past 0.05 as the
     #: policy sharpened (benchmarks/README.md).
