@@ -27,12 +27,15 @@ TIMEOUT_S = 300
 RUN0 = Path("lightning_logs") / "version_0"
 #: A blueprint a "plugin" adds after a checkpoint was written: the action space changes.
 PLUGIN_BLUEPRINT = "conv_light_from_plugin"
-#: Run ``esper`` with one more blueprint registered, as an installed plugin would.
+#: Run ``esper`` with one more blueprint registered and offered by the CNN host (which
+#: offers only its ``default_blueprints`` unless a run names some), as a plugin would.
 WITH_PLUGIN = (
     "import dataclasses, sys\n"
     "from esper.kasmina import BLUEPRINTS\n"
+    "from esper.kasmina.hosts.cnn import CNNHost\n"
     "base = BLUEPRINTS.get('conv_light')\n"
     f"BLUEPRINTS.register({PLUGIN_BLUEPRINT!r}, dataclasses.replace(base, name={PLUGIN_BLUEPRINT!r}))\n"
+    f"CNNHost.default_blueprints = (*CNNHost.default_blueprints, {PLUGIN_BLUEPRINT!r})\n"
     "from esper.cli import main\n"
     "sys.exit(main())\n"
 )

@@ -52,7 +52,7 @@ class MorphogeneticVecEnv:
         probe = build_host(config, datamodule)
         self.slot_ids = probe.slot_ids
         shapes = [probe.slot(s).shape for s in self.slot_ids]
-        names = blueprint_names(config, shapes)
+        names = blueprint_names(config, probe)
         self.blueprint_names = names
         self.schema = ActionSchema(self.slot_ids, self.blueprint_names)
         self.blend_modes = self.schema.blend_modes

@@ -19,7 +19,7 @@ from esper.contracts.config_errors import (
     require_choice,
     require_int,
 )
-from esper.kasmina import BLUEPRINTS, HOSTS, HostModel, LifecycleConfig, OptimConfig, SlotShape
+from esper.kasmina import BLUEPRINTS, HOSTS, HostModel, LifecycleConfig, OptimConfig
 from esper.simic.rewards import REWARDS, RewardConfig
 from esper.tolaria.data.base import HostDataModule
 from esper.tolaria.epoch import AMP_DTYPES, OOM_POLICIES
@@ -37,7 +37,8 @@ class EnvConfig:
     episode_epochs: int = 25
     host: str = "cnn"
     host_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    #: Blueprints the policy may plant; None means every registered one that fits a slot.
+    #: Blueprints the policy may plant; None means the host's ``default_blueprints`` (the
+    #: conv family on the CNN host), or every registered one that fits a slot.
     blueprints: tuple[str, ...] | None = None
     reward: str = "shaped"
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
@@ -114,14 +115,22 @@ def build_host(config: EnvConfig, datamodule: HostDataModule) -> HostModel:
     )
 
 
-def blueprint_names(config: EnvConfig, shapes: list[SlotShape]) -> tuple[str, ...]:
-    """The blueprints the policy chooses among: the configured ones, or all that fit a slot."""
-    names = config.blueprints or tuple(
-        n for n in BLUEPRINTS.names() if any(BLUEPRINTS.get(n).fits(sh) for sh in shapes)
-    )
+def blueprint_names(config: EnvConfig, host: HostModel) -> tuple[str, ...]:
+    """The blueprints the policy chooses among: the configured ones, else the host's
+    ``default_blueprints`` that are registered and fit one of its slots, else every
+    registered blueprint that fits one."""
+    if config.blueprints:
+        return tuple(config.blueprints)
+    shapes = [host.slot(s).shape for s in host.slot_ids]
+
+    def fits(name: str) -> bool:
+        return name in BLUEPRINTS and any(BLUEPRINTS.get(name).fits(sh) for sh in shapes)
+
+    defaults = tuple(n for n in (host.default_blueprints or ()) if fits(n))
+    names = defaults or tuple(n for n in BLUEPRINTS.names() if fits(n))
     if not names:
         raise ValueError(f"no registered blueprint fits any slot of host {config.host!r}")
-    return tuple(names)
+    return names
 
 
 def action_schema(config: EnvConfig, datamodule: HostDataModule) -> ActionSchema:
@@ -132,5 +141,4 @@ def action_schema(config: EnvConfig, datamodule: HostDataModule) -> ActionSchema
     a resumed run starts.
     """
     probe = build_host(config, datamodule)
-    shapes = [probe.slot(s).shape for s in probe.slot_ids]
-    return ActionSchema(probe.slot_ids, blueprint_names(config, shapes))
+    return ActionSchema(probe.slot_ids, blueprint_names(config, probe))

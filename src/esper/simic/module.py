@@ -106,7 +106,8 @@ class PPOModule(LightningModule):
         host: registered host name (``cnn``, ``transformer`` or a plugin).
         host_kwargs: extra constructor arguments for the host; None takes
             :data:`DEFAULT_HOST_KWARGS` for that host (a small CNN that growth can add to).
-        blueprints: the blueprints the policy may plant; default all that fit.
+        blueprints: the blueprints the policy may plant; default the host's own list (the
+            conv family on ``cnn``), else every registered one that fits a slot.
         reward: registered reward family (``shaped``, ``sparse`` or a plugin).
         lifecycle: how long each seed stage lasts and what a seed must show to be kept
             (LifecycleConfig); null takes its defaults, `--model.lifecycle.help` lists them.

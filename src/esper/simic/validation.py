@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from esper.contracts.config_errors import ConfigError, require_number
 from esper.kasmina import BLUEPRINTS, HOSTS, HostModel, LifecycleConfig, OptimConfig, SlotShape
-from esper.simic.env_config import EnvConfig
+from esper.simic.env_config import EnvConfig, blueprint_names
 from esper.simic.normalizer import NormalizerConfig
 from esper.simic.ppo import PPOConfig
 from esper.simic.rewards import RewardConfig
@@ -319,6 +319,8 @@ def _check_blueprints(env: EnvConfig, host: HostModel) -> None:
             f"model.host allows {list(HOSTS.names())}, registered blueprints: "
             f"{list(BLUEPRINTS.names())}",
         )
+    if env.blueprints is None:
+        chosen = list(blueprint_names(env, host))  # the host's defaults, if it has them
     budget = env.rewards.param_budget
     sizes = [
         (BLUEPRINTS.get(n).param_count(sh), n, sid)

@@ -27,6 +27,11 @@ class HostModel(nn.Module, ABC):
 
     #: The host family, matched against blueprints' ``host_kinds``.
     kind: str = ""
+    #: The blueprints this host offers the policy when a run names none
+    #: (``EnvConfig.blueprints``); None offers every registered blueprint that fits a slot.
+    #: Each name the policy may choose is one more arm whose worth it must learn from
+    #: fractions of an accuracy point, so a host family lists the ones that suit it.
+    default_blueprints: tuple[str, ...] | None = None
     slots: nn.ModuleDict
 
     @classmethod
