@@ -51,7 +51,7 @@ class CNNHost(HostModel):
     """
 
     kind = "cnn"
-    #: Convolutions, the family that suits a conv stage. With all nine blueprints that fit
+    #: Convolutions, the family that suits a conv stage. With all eight blueprints that fit
     #: (depthwise, bottleneck, norm, lora, mlp too) a 60-update policy on digits ended
     #: -0.05 pts from no growth on average over training seeds 0, 1, 2; with these three,
     #: +0.92, each seed gaining about 0.9 (benchmarks/README.md, "A learned policy").
