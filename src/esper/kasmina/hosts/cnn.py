@@ -53,8 +53,8 @@ class CNNHost(HostModel):
     kind = "cnn"
     #: Convolutions, the family that suits a conv stage. With all eight blueprints that fit
     #: (depthwise, bottleneck, norm, lora, mlp too) a 60-update policy on digits ended
-    #: -0.05 pts from no growth on average over training seeds 0, 1, 2; with these three,
-    #: +0.92, each seed gaining about 0.9 (benchmarks/README.md, "A learned policy").
+    #: -0.00 pts from no growth on average over training seeds 0 to 5; with these three,
+    #: +0.66, every seed gaining (benchmarks/README.md, "A learned policy that grows").
     default_blueprints = ("conv_light", "conv_heavy", "conv_wide")
 
     def __init__(
