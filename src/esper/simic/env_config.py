@@ -90,8 +90,8 @@ class EnvConfig:
         if isinstance(names, str) or not names:
             raise ConfigError(
                 "blueprints",
-                f"must be a non-empty list of blueprint names, or null for all that fit a "
-                f"slot; got {names!r}",
+                f"must be a non-empty list of blueprint names, or null for the host's own "
+                f"list (else all that fit a slot); got {names!r}",
             )
         unknown = [n for n in names if n not in BLUEPRINTS]
         if unknown:

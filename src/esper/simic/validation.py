@@ -311,16 +311,14 @@ def _check_blueprints(env: EnvConfig, host: HostModel) -> None:
                 f"names {name!r}, which fits no slot of host {env.host!r} (slots: {slots}): "
                 f"{reason}; blueprints that fit: {fitting}",
             )
-    chosen = list(env.blueprints) if env.blueprints is not None else fitting
-    if not chosen:
+    if not fitting:
         raise ConfigError(
             "model.host",
             f"no registered blueprint fits any slot of host {env.host!r} (slots: {slots}); "
             f"model.host allows {list(HOSTS.names())}, registered blueprints: "
             f"{list(BLUEPRINTS.names())}",
         )
-    if env.blueprints is None:
-        chosen = list(blueprint_names(env, host))  # the host's defaults, if it has them
+    chosen = blueprint_names(env, host)
     budget = env.rewards.param_budget
     sizes = [
         (BLUEPRINTS.get(n).param_count(sh), n, sid)
