@@ -221,3 +221,23 @@ def test_a_cnn_run_offers_the_conv_family_unless_the_config_names_blueprints() -
     shapes = [host.slot(s).shape for s in host.slot_ids]
     fitting = [n for n in BLUEPRINTS.names() if any(BLUEPRINTS.get(n).fits(s) for s in shapes)]
     assert every == tuple(fitting) and {"norm", "mlp", "conv_wide"} <= set(every)
+
+
+def test_paired_groups_start_from_their_own_hosts_and_train_on_their_own_share() -> None:
+    """Two groups of two: alike within a group (same start, same share), not across."""
+    env = small_env(4, episode_epochs=4, paired=True, pair_size=2)
+    env.reset()
+    weights = _host_weights(env)
+
+    def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+        return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+    assert same(weights[0], weights[1]) and same(weights[2], weights[3])
+    assert not same(weights[0], weights[2])
+
+
+def test_a_pair_size_that_does_not_divide_the_envs_names_the_field() -> None:
+    from esper.contracts.config_errors import ConfigError
+
+    with pytest.raises(ConfigError, match="pair_size"):
+        EnvConfig(n_envs=6, paired=True, pair_size=4)

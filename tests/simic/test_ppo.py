@@ -48,7 +48,7 @@ def _stored_states(acted_from: list[LSTMState]) -> LSTMState:
 
 
 def _rollout_batch(
-    policy: PolicyNetwork, n_envs: int = 6, n_steps: int = 5, seed: int = 0
+    policy: PolicyNetwork, n_envs: int = 8, n_steps: int = 5, seed: int = 0
 ) -> PPOBatch:
     """A batch from real act() calls with random masks, starts, rewards, a few invalid steps
     and a few hidden restarts (steps acting from a stored state, as after a restore)."""

@@ -273,6 +273,21 @@ def test_paired_envs_needs_two_envs_per_rank() -> None:
     )
 
 
+def test_pair_size_must_divide_the_envs_per_rank_and_the_message_names_the_fix() -> None:
+    expect(
+        "model.ppo.pair_size",
+        "does not divide the 6 envs per rank (12 / 2 ranks)",
+        "a multiple of 8",
+        "(null: one group)",
+        module=small_module(n_envs=12, ppo=PPOConfig(pair_size=4)),
+        world=2,
+    )
+    validate_run(small_module(n_envs=8, ppo=PPOConfig(pair_size=4)), small_data(), 1)
+    validate_run(
+        small_module(n_envs=6, ppo=PPOConfig(pair_size=4, paired_envs=False)), small_data(), 1
+    )
+
+
 def test_a_config_error_keeps_its_key_and_owner_through_pickling() -> None:
     error = pickle.loads(pickle.dumps(ConfigError("clip_coef", "must be > 0", PPOConfig)))
     assert (error.key, error.message, error.owner) == ("clip_coef", "must be > 0", PPOConfig)

@@ -77,12 +77,12 @@ def test_cnn_envs_in_workers_equal_the_sequential_path_bit_for_bit(workers: int)
     assert torch.get_num_threads() == 1  # restored, not left at the workers' count
 
 
-def test_transformer_envs_in_workers_equal_the_sequential_path_and_same_shares() -> None:
+def test_transformer_envs_in_workers_equal_the_sequential_path_with_paired_shares() -> None:
     sequential, parallel = transformer_envs(), transformer_envs()
     train, val = token_loaders()
     for _ in range(2):
-        expected = run_epoch(sequential, train, val, cpu_workers=1, same_shares=True)
-        got = run_epoch(parallel, train, val, cpu_workers=2, same_shares=True)
+        expected = run_epoch(sequential, train, val, cpu_workers=1, paired_group=3)
+        got = run_epoch(parallel, train, val, cpu_workers=2, paired_group=3)
         assert_same_result(expected, got)
     assert_same_hosts(sequential, parallel)
 

@@ -8,6 +8,11 @@ each env's advantage minus the mean of the *other* envs' at the same step cancel
 common part and keeps the part the actions caused: a leave-one-out baseline, as in
 RLOO, applied to GAE advantages. Leaving the env itself out keeps the baseline
 independent of its own action.
+
+A rank's envs may form several such groups (``PPOConfig.pair_size``): each group starts
+from its own host, and an env is compared only with the others of its group. More groups
+give PPO more transitions per update while each host still trains on the same share of
+the data.
 """
 
 from __future__ import annotations
@@ -16,26 +21,48 @@ import torch
 from torch import Tensor
 
 
-def leave_one_out(advantages: Tensor, valid: Tensor) -> Tensor:
-    """``advantages [E, T]`` minus, per step, the mean over the other valid envs.
+def group_size(n_envs: int, pair_size: int | None) -> int:
+    """Envs per paired group among ``n_envs``: ``pair_size``, or all of them when there
+    are no more than ``pair_size`` (or ``pair_size`` is None)."""
+    if pair_size is None or n_envs <= pair_size:
+        return n_envs
+    if n_envs % pair_size:
+        raise ValueError(
+            f"{n_envs} envs do not split into groups of pair_size={pair_size}; make the "
+            "envs per rank a multiple of pair_size, or set pair_size to null for one group"
+        )
+    return pair_size
+
+
+def leave_one_out(advantages: Tensor, valid: Tensor, group: int | None = None) -> Tensor:
+    """``advantages [E, T]`` minus, per step, the mean over the other valid envs of the group.
 
     Args:
         advantages: ``[E, T]`` float, GAE advantages of each env's transitions.
         valid: ``[E, T]`` bool, transitions that exist (a rollback can leave gaps).
+        group: envs per group, consecutive envs ``[g * group, (g + 1) * group)`` forming
+            group ``g``; must divide ``E``. None: all ``E`` envs are one group.
 
     Returns:
-        ``[E, T]``: ``a[e, t] - mean(a[e', t] for e' != e with valid[e', t])``; where no
-        other env is valid at ``t`` the advantage is returned unchanged, and invalid
-        entries are returned unchanged (PPO masks them). Pure tensor ops, no host read.
+        ``[E, T]``: ``a[e, t] - mean(a[e', t] for e' != e in e's group with valid[e', t])``;
+        where no other env of the group is valid at ``t`` the advantage is returned
+        unchanged, and invalid entries are returned unchanged (PPO masks them). Pure
+        tensor ops, no host read.
     """
     if advantages.shape != valid.shape or advantages.dim() != 2:
         raise ValueError(
             f"leave_one_out: advantages {tuple(advantages.shape)} and valid "
             f"{tuple(valid.shape)} must both be [E, T]"
         )
-    weights = valid.to(advantages.dtype)
-    masked = torch.where(valid, advantages, 0.0)
-    others_sum = masked.sum(dim=0, keepdim=True) - masked
-    others_n = weights.sum(dim=0, keepdim=True) - weights
+    n_envs, steps = advantages.shape
+    group = n_envs if group is None else group
+    if group < 1 or n_envs % group:
+        raise ValueError(f"leave_one_out: group={group} must divide the {n_envs} envs")
+    grouped = advantages.reshape(n_envs // group, group, steps)
+    ok = valid.reshape(n_envs // group, group, steps)
+    weights = ok.to(advantages.dtype)
+    masked = torch.where(ok, grouped, 0.0)
+    others_sum = masked.sum(dim=1, keepdim=True) - masked
+    others_n = weights.sum(dim=1, keepdim=True) - weights
     baseline = torch.where(others_n > 0, others_sum / others_n.clamp(min=1.0), 0.0)
-    return torch.where(valid, advantages - baseline, advantages)
+    return torch.where(ok, grouped - baseline, grouped).reshape(n_envs, steps)

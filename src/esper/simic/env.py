@@ -139,9 +139,10 @@ class MorphogeneticVecEnv:
         """
         self.episode_seed = episode_seed
         self._events = []
-        if self.config.paired:
-            first = build_host(self.config, self.datamodule)
-            models = [copy.deepcopy(first) for _ in self.host_devices]
+        group = self.config.paired_group
+        if group is not None:
+            firsts = [build_host(self.config, self.datamodule) for _ in range(self.n_envs // group)]
+            models = [copy.deepcopy(firsts[e // group]) for e in range(self.n_envs)]
         else:
             models = [build_host(self.config, self.datamodule) for _ in self.host_devices]
         self.hosts = [
@@ -169,7 +170,7 @@ class MorphogeneticVecEnv:
                 amp=self.config.amp,
                 scalers=self._scalers,
                 result_device=self.device,
-                same_shares=self.config.paired,
+                paired_group=self.config.paired_group,
                 cpu_workers=self.config.cpu_workers,
             )
         except RuntimeError as exc:

@@ -20,6 +20,7 @@ from esper.contracts.config_errors import (
     require_int,
 )
 from esper.kasmina import BLUEPRINTS, HOSTS, HostModel, LifecycleConfig, OptimConfig
+from esper.simic.advantages import group_size
 from esper.simic.rewards import REWARDS, RewardConfig
 from esper.tolaria.data.base import HostDataModule
 from esper.tolaria.epoch import AMP_DTYPES, OOM_POLICIES
@@ -59,6 +60,10 @@ class EnvConfig:
     #: Training sets it with ``PPOConfig.paired_envs``; evaluation keeps it off, so its
     #: episodes are independent.
     paired: bool = False
+    #: Envs per paired group (``PPOConfig.pair_size``): with ``paired``, consecutive envs
+    #: form groups of this many, each group from its own host, and each host trains on
+    #: 1/group of every batch; no more envs than this (or None) make one group.
+    pair_size: int | None = None
     #: Threads that train CPU envs at once, each env's ops on one core: None uses every
     #: core torch uses (``OMP_NUM_THREADS``), at most one per env; 1 trains envs in turn.
     #: Results are the same either way; GPUs keep their per-env streams.
@@ -67,6 +72,8 @@ class EnvConfig:
     def __post_init__(self) -> None:
         with owned_by(self):
             require_bool("paired", self.paired)
+            if self.pair_size is not None:
+                require_int("pair_size", self.pair_size, 2, hint="or null for one group")
             if self.cpu_workers is not None:
                 require_int("cpu_workers", self.cpu_workers, 1, hint="or null for every core")
             require_choice("amp", self.amp, AMP_DTYPES)
@@ -84,6 +91,16 @@ class EnvConfig:
             require_choice("reward", self.reward, REWARDS.names(), "registered reward families")
             if self.blueprints is not None:
                 self._check_blueprints(self.blueprints)
+            if self.paired and self.pair_size is not None:
+                try:
+                    group_size(self.n_envs, self.pair_size)
+                except ValueError as exc:
+                    raise ConfigError("pair_size", str(exc)) from None
+
+    @property
+    def paired_group(self) -> int | None:
+        """Envs per paired group (they share a host and a data share), None if unpaired."""
+        return group_size(self.n_envs, self.pair_size) if self.paired else None
 
     @staticmethod
     def _check_blueprints(names: tuple[str, ...]) -> None:

@@ -4,9 +4,10 @@ The learned policy (each head's most likely choice, or sampled with ``sample=Tru
 the stochastic policy PPO trained) is set against the heuristic controller, a random
 legal controller and no growth (WAIT only). Every controller gets the same hosts at the
 start (seeds never used in training), the same data order and the same parameter
-budget. Episodes run in groups of the training run's ``n_envs`` side by side, so each
-host gets the same share of every batch as in training (``esper.simic.episodes`` runs
-them); this module loads the checkpoint and tabulates the paired results.
+budget. Episodes run side by side in groups as large as a training host's paired group
+(else the run's ``n_envs``), so each host gets as much of every batch as in training
+(``esper.simic.episodes`` runs them); this module loads the checkpoint and tabulates the
+paired results.
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ import torch
 
 from esper.callbacks.checkpoint import CheckpointError, EsperCheckpointIO
 from esper.contracts.rollout import StepBatch
+from esper.simic.advantages import group_size
 from esper.simic.checkpoint_contents import (
     DATA_KEY,
     check_same_action_space,
     checkpoint_policy_spec,
 )
 from esper.simic.env import MorphogeneticVecEnv
-from esper.simic.env_config import action_schema
+from esper.simic.env_config import EnvConfig, action_schema
 from esper.simic.episodes import baseline_controller, run_episodes
 from esper.simic.module import PPOModule
 from esper.simic.rollout import Controller
@@ -218,7 +220,7 @@ def evaluate(
     path = Path(ckpt)
     module, checkpoint = load_module(path)
     data = datamodule or load_datamodule(checkpoint, path)
-    config = replace(module.env_config, devices=None)
+    config = evaluation_config(module)
     assert module.policy is not None and module.normalizer is not None
     check_same_action_space(module.policy.schema, action_schema(config, data), path)
     policy = module.policy.to(device).eval()
@@ -260,6 +262,19 @@ def evaluate(
         if on_controller_done is not None:
             on_controller_done(results[-1])
     return Evaluation(_paired_with_reference(results), all_steps, slot_ids)
+
+
+def evaluation_config(module: PPOModule) -> EnvConfig:
+    """The run's env config, with as many envs side by side as trained on one data share.
+
+    A training host trained on 1/n of every batch, n being its paired group's size (or
+    the run's envs when unpaired); evaluation runs unpaired groups of that n, so each
+    evaluated host trains on as much data as the policy's hosts did.
+    """
+    config = replace(module.env_config, devices=None)
+    if module.ppo_config.paired_envs:
+        config = replace(config, n_envs=group_size(config.n_envs, module.ppo_config.pair_size))
+    return config
 
 
 def _paired_with_reference(results: list[ControllerResult]) -> list[ControllerResult]:

@@ -205,6 +205,7 @@ class PPOModule(LightningModule):
             self.env_config,
             n_envs=self.env_config.n_envs // world,
             paired=self.ppo_config.paired_envs,
+            pair_size=self.ppo_config.pair_size,
         )
         if world > 1:
             # Every rank was seeded alike; shift this rank's streams so its env group

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from esper.contracts.config_errors import owned_by, require_bool, require_int, require_number
-from esper.simic.advantages import leave_one_out
+from esper.simic.advantages import group_size, leave_one_out
 from esper.simic.ppo_batch import PPOBatch
 from esper.tamiyo.policy import PolicyNetwork
 
@@ -96,6 +96,9 @@ class PPOConfig:
             (trainer.max_epochs); false keeps lr fixed.
         paired_envs: start every env of a rollout from the same host and data, and take
             each env's advantage relative to the others' (needs 2+ envs per rank).
+        pair_size: envs per paired group: a rank's envs split into groups of this many,
+            each group starting from its own host, and each host trains on 1/pair_size of
+            every batch; a rank with no more envs than this is one group; null: one group.
         adam_eps: epsilon of the policy's Adam optimiser (CleanRL uses 1e-5).
         advantage_norm_eps: added to the advantages' std when normalising them, so
             equal advantages do not divide by zero.
@@ -122,6 +125,10 @@ class PPOConfig:
     #: what the host's own luck adds to a return cancels, what the actions did stays.
     #: Needs at least 2 envs per rank. On: measured in benchmarks/README.md.
     paired_envs: bool = True
+    #: Envs per paired group. More envs in more groups give each update more transitions
+    #: while each host still trains on the same share of the data (with one group of
+    #: ``n_envs`` every host would see 1/n_envs of it). 4: benchmarks/README.md.
+    pair_size: int | None = 4
     adam_eps: float = 1e-5
     advantage_norm_eps: float = 1e-8
 
@@ -135,6 +142,8 @@ class PPOConfig:
                 require_number(name, getattr(self, name), at_least=0.0)
             for name in ("update_epochs", "n_minibatches"):
                 require_int(name, getattr(self, name), 1)
+            if self.pair_size is not None:
+                require_int("pair_size", self.pair_size, 2, hint="or null for one group")
             for name in ("gamma", "gae_lambda"):
                 require_number(name, getattr(self, name), at_least=0.0, at_most=1.0)
             for name in ("normalize_advantages", "anneal_lr", "paired_envs"):
@@ -265,7 +274,8 @@ def ppo_update(
             "envs; minibatches are whole env sequences, so lower n_minibatches"
         )
     if config.paired_envs:
-        batch = replace(batch, advantages=leave_one_out(batch.advantages, batch.valid))
+        group = group_size(batch.n_envs, config.pair_size)
+        batch = replace(batch, advantages=leave_one_out(batch.advantages, batch.valid, group))
     device = batch.obs.device
     totals = torch.zeros(len(STAT_NAMES), device=device)
     epochs_run = 0

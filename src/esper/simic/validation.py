@@ -173,6 +173,15 @@ def _check_minibatches(ppo: PPOConfig, envs_per_rank: int, n_envs: int, world_si
             f"{envs_per_rank} env; set model.n_envs to at least {2 * world_size} "
             "or model.ppo.paired_envs=false",
         )
+    size = ppo.pair_size
+    if ppo.paired_envs and size is not None and envs_per_rank > size and envs_per_rank % size:
+        per_rank = "" if world_size == 1 else f" ({n_envs} / {world_size} ranks)"
+        raise ConfigError(
+            "model.ppo.pair_size",
+            f"{size} does not divide the {envs_per_rank} envs per rank{per_rank}: "
+            f"paired groups are whole; set model.n_envs to a multiple of {size * world_size}, "
+            f"or model.ppo.pair_size to a divisor of {envs_per_rank} (null: one group)",
+        )
 
 
 # --------------------------------------------------------------------------- host

@@ -99,7 +99,7 @@ def run_epoch(
     amp: str = "off",
     scalers: dict[torch.device, torch.amp.GradScaler] | None = None,
     result_device: torch.device | str | None = None,
-    same_shares: bool = False,
+    paired_group: int | None = None,
     cpu_workers: int | None = None,
 ) -> EpochResult:
     """Train each env for one pass over ``train_batches``, then validate all envs together.
@@ -117,10 +117,12 @@ def run_epoch(
     are copied device-to-device to ``result_device`` (default: env 0's device).
 
     Every train batch is split into ``E`` contiguous shares, one per env, so the envs see
-    disjoint data and one loader (pinned on CUDA) feeds them all. With ``same_shares`` every
-    env trains on the same share instead (share ``b mod E`` of batch ``b``): as many
-    samples per host, but envs that started alike and acted alike stay alike, so they
-    differ only by what the policy did (``PPOConfig.paired_envs``). On CUDA each env trains on
+    disjoint data and one loader (pinned on CUDA) feeds them all. With ``paired_group=k``
+    the envs form groups of ``k`` consecutive envs (``k`` divides ``E``), and every env of a
+    group trains on the same share instead (share ``b mod k`` of batch ``b`` split in
+    ``k``): each host sees 1/k of the data, and envs of a group that started alike and
+    acted alike stay alike, so they differ only by what the policy did
+    (``PPOConfig.paired_envs``, ``PPOConfig.pair_size``). On CUDA each env trains on
     its own stream, letting small hosts overlap. Validation iterates ``val_batches`` once;
     each batch goes to every env as ``1 + K`` stacked replicas, where replica ``k > 0``
     runs with the ``k``-th BLENDING/HOLDING seed's alpha at 0, giving all counterfactual
@@ -142,6 +144,8 @@ def run_epoch(
                 f"env {i} has slots {list(env.slot_ids)} but env 0 has {list(slot_ids)}; "
                 "all envs of one run must use the same host architecture"
             )
+    if paired_group is not None and (paired_group < 1 or len(envs) % paired_group):
+        raise ValueError(f"paired_group={paired_group} must divide the {len(envs)} envs")
     if amp not in AMP_DTYPES:
         raise ValueError(f"amp must be one of {list(AMP_DTYPES)}, got {amp!r}")
     device = envs[0].device if result_device is None else torch.device(result_device)
@@ -155,7 +159,7 @@ def run_epoch(
         forward_loss=compiled_forward_loss() if compile else _forward_loss,
         amp_dtype=amp_dtype,
         scalers=scalers if amp == "fp16" else None,
-        same_shares=same_shares,
+        paired_group=paired_group,
     )
     workers = resolve_workers(cpu_workers, len(envs))
     if workers > 1 and not compile and amp != "fp16" and all(e.device.type == "cpu" for e in envs):
@@ -195,7 +199,7 @@ class _Options:
     forward_loss: Callable[[HostModel, Tensor, Tensor], tuple[Tensor, Tensor]]
     amp_dtype: torch.dtype | None
     scalers: dict[torch.device, torch.amp.GradScaler] | None
-    same_shares: bool = False
+    paired_group: int | None = None
 
 
 def _accumulators(envs: Sequence[GrowingHost]) -> list[_EnvAccumulator]:
@@ -296,8 +300,9 @@ def _train_batches(
         for i in members:
             env, acc = envs[i], accs[i]
             x, y = copies[env.device]
-            share = b % len(envs) if options.same_shares else i
-            xe, ye = x.tensor_split(len(envs))[share], y.tensor_split(len(envs))[share]
+            group = options.paired_group
+            shares, share = (len(envs), i) if group is None else (group, b % group)
+            xe, ye = x.tensor_split(shares)[share], y.tensor_split(shares)[share]
             if xe.shape[0] == 0 or acc.skipped:
                 continue
             try:
