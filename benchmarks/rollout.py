@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 import torch
 
+from esper.cli.options import quiet_third_party
 from esper.host_reads import HostReadCounter
 from esper.simic.buffer import RolloutBuffer
 from esper.simic.env import MorphogeneticVecEnv
@@ -223,6 +224,7 @@ def main() -> None:
         "--cpu-workers", type=int, help="--overhead: EnvConfig.cpu_workers (default: every core)"
     )
     args = parser.parse_args()
+    quiet_third_party()  # the figures, without Lightning's advert and torch's notice
     if args.overhead:
         from rollout_overhead import print_overhead
 
