@@ -11,7 +11,12 @@ import torch
 
 from esper.cli import main
 from esper.simic.env import MorphogeneticVecEnv
-from esper.simic.evaluate import CONTROLLERS, evaluate, standard_error_of_difference
+from esper.simic.evaluate import (
+    CONTROLLERS,
+    evaluate,
+    evaluation_config,
+    standard_error_of_difference,
+)
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.heuristic import HeuristicController
 from esper.tamiyo.policy import PolicyNetwork
@@ -164,3 +169,18 @@ def test_evaluate_and_report_write_pictures_of_the_stated_size(
     image = imread(curve)
     assert image.shape[:2] == (LEARNING_CURVE_SIZE[1], LEARNING_CURVE_SIZE[0])
     assert image.std() > 0
+
+
+@pytest.mark.parametrize(
+    ("n_envs", "pair_size", "paired", "expected"),
+    [(8, 4, True, 4), (4, 4, True, 4), (2, 4, True, 2), (8, None, True, 8), (8, 4, False, 8)],
+)
+def test_evaluation_groups_are_as_large_as_a_training_hosts_data_share(
+    n_envs: int, pair_size: int | None, paired: bool, expected: int
+) -> None:
+    """A training host saw 1/group of every batch; an evaluated host must see as much."""
+    from esper.simic.module import PPOModule
+    from esper.simic.ppo import PPOConfig
+
+    module = PPOModule(n_envs=n_envs, ppo=PPOConfig(pair_size=pair_size, paired_envs=paired))
+    assert evaluation_config(module).n_envs == expected
