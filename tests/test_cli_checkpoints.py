@@ -371,3 +371,21 @@ def test_resuming_a_finished_run_says_how_to_extend_it_and_creates_nothing(
     assert len(said) == 1, said
     assert "already made its 1 PPO update(s)" in said[0] and "--trainer.max_epochs 2" in said[0]
     assert sorted(p for p in root.parent.rglob("*")) == before  # no new version folder
+
+
+# ------------------------------------------------------------------ edited checkpoints
+@pytest.mark.slow
+def test_a_checkpoint_whose_weights_do_not_fit_its_settings_is_one_line_naming_them(
+    trained: Path, tmp_path: Path
+) -> None:
+    path = tmp_path / "edited.ckpt"
+    checkpoint = torch.load(trained / "last.ckpt", weights_only=True)
+    del checkpoint["state_dict"]["policy.blueprint_head.bias"]
+    torch.save(checkpoint, path)
+    command = [*_command("fit", path, tmp_path), "--trainer.max_epochs", "2"]
+    before = set(tmp_path.rglob("*"))
+
+    result = esper(*command, cwd=tmp_path)
+
+    _assert_one_line_naming(result, path, "does not fit this run's model.policy", before, tmp_path)
+    assert "blueprint_head.bias" in lines(result)[0]

@@ -8,15 +8,25 @@ checkpoint is named in one line (a :class:`CheckpointError`) before any folder i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from esper.contracts import ActionSchema
+
+#: Where the policy's weights sit in a checkpoint's state dict (``PPOModule.policy``).
+POLICY_PREFIX = "policy."
 
 #: ``--ckpt_path`` words that Lightning resolves itself rather than naming a file.
 LIGHTNING_CKPT_WORDS = frozenset({"last", "best", "hpc"})
 
-#: The checkpoint a run resumes from: its path and the action space its policy chooses in.
-Resume = tuple[str, ActionSchema]
+
+class Resume(NamedTuple):
+    """The checkpoint a run resumes from: its path, the action space and observation size
+    its policy was built for, and the shape of each policy parameter it holds."""
+
+    path: str
+    schema: ActionSchema
+    obs_dim: int
+    policy_shapes: dict[str, tuple[int, ...]]
 
 
 def read_resume(run_config: Any) -> Resume | None:
@@ -48,9 +58,14 @@ def read_resume(run_config: Any) -> Resume | None:
             f"--ckpt_path {ckpt_path}: esper resumes from files only; pass a .ckpt path or `last`"
         )
     checkpoint = read_checkpoint(ckpt_path)
-    schema, _ = checkpoint_policy_spec(checkpoint, ckpt_path)
+    schema, obs_dim = checkpoint_policy_spec(checkpoint, ckpt_path)
     _refuse_finished(checkpoint, str(ckpt_path), run_config["trainer"].get("max_epochs"))
-    return str(ckpt_path), schema
+    shapes = {
+        name.removeprefix(POLICY_PREFIX): tuple(value.shape)
+        for name, value in checkpoint.get("state_dict", {}).items()
+        if name.startswith(POLICY_PREFIX)
+    }
+    return Resume(str(ckpt_path), schema, obs_dim, shapes)
 
 
 def _refuse_finished(checkpoint: dict[str, Any], name: str, max_epochs: int | None) -> None:
@@ -75,12 +90,37 @@ def check_resume_fits(resume: Resume | None, model: Any, datamodule: Any) -> Non
 
     if resume is None or not isinstance(datamodule, HostDataModule):
         return
-    path, trained = resume
     try:
         run = action_schema(model.env_config, datamodule)
     except (ValueError, TypeError):
         return  # a bad host or blueprint setting: setup names it by its key
-    check_same_action_space(trained, run, path)
+    check_same_action_space(resume.schema, run, resume.path)
+    _check_same_policy(resume, model)
+
+
+def _check_same_policy(resume: Resume, model: Any) -> None:
+    """Refuse a checkpoint whose policy has other parameters than this run's settings
+    build (another ``model.policy``), naming them, before Lightning fails on its state."""
+    import torch
+
+    from esper.callbacks.checkpoint import CheckpointError
+    from esper.tamiyo.policy import PolicyNetwork
+
+    with torch.random.fork_rng(devices=[]):  # a throwaway build draws nothing of the run's
+        built = PolicyNetwork(resume.obs_dim, resume.schema, model.policy_config)
+    wanted = {name: tuple(p.shape) for name, p in built.state_dict().items()}
+    if wanted == resume.policy_shapes:
+        return
+    differ = sorted(
+        name
+        for name in wanted.keys() | resume.policy_shapes.keys()
+        if wanted.get(name) != resume.policy_shapes.get(name)
+    )
+    raise CheckpointError(
+        f"--ckpt_path {resume.path}: its policy does not fit this run's model.policy "
+        f"settings (parameters that differ: {differ}); the checkpoint's hyperparameters do "
+        "not describe its weights, so it was written by another esper version or edited"
+    )
 
 
 def resumed_run_logger(resume: Resume | None, config: dict[str, Any]) -> Any:
@@ -94,7 +134,7 @@ def resumed_run_logger(resume: Resume | None, config: dict[str, Any]) -> Any:
 
     if resume is None or config.get("logger") not in (None, True):
         return None
-    run = run_folder_of(Path(resume[0]))
+    run = run_folder_of(Path(resume.path))
     if run is None:
         return None
     from lightning.pytorch.loggers import TensorBoardLogger
