@@ -30,14 +30,16 @@ from esper.kasmina import OptimConfig
 from esper.simic.env_config import EnvConfig
 from esper.simic.episodes import baseline_controller, run_episodes
 from esper.simic.module import PPOModule
+from esper.simic.ppo import PPOConfig
 from esper.tolaria.data import DATAMODULES
 
 #: Epochs at the end of an episode over which a host should have settled.
 SETTLE_EPOCHS = 5
 #: The baseline every other controller is paired against.
 BASELINE = "no_growth"
-#: Discounting for the returns the collector computes (PPOConfig's defaults).
-GAMMA, GAE_LAMBDA = 0.99, 0.95
+#: Discounting for the advantages the collector computes: the training defaults (the
+#: printed return is the plain sum of rewards either way).
+GAMMA, GAE_LAMBDA = PPOConfig.gamma, PPOConfig.gae_lambda
 
 
 def paired_difference(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:

@@ -40,6 +40,7 @@ from esper.simic.buffer import RolloutBuffer
 from esper.simic.env import MorphogeneticVecEnv
 from esper.simic.env_config import EnvConfig
 from esper.simic.normalizer import RunningObsNormalizer
+from esper.simic.ppo import PPOConfig
 from esper.simic.rollout import RolloutCollector
 from esper.tamiyo.policy import PolicyConfig, PolicyNetwork
 from esper.tolaria.data import DATAMODULES
@@ -47,7 +48,8 @@ from esper.tolaria.data import DATAMODULES
 N_ENVS = (2, 4, 8)
 #: Rollouts run before timing telemetry, so allocator and kernel warm-up is not billed to it.
 TELEMETRY_WARMUP_ROLLOUTS = 2
-GAMMA, GAE_LAMBDA = 0.99, 0.95
+#: The training defaults' discounting, so the GAE timed is the one a run computes.
+GAMMA, GAE_LAMBDA = PPOConfig.gamma, PPOConfig.gae_lambda
 
 
 def build(n_envs: int, args: argparse.Namespace, device: torch.device) -> RolloutCollector:
