@@ -172,15 +172,39 @@ def test_evaluate_and_report_write_pictures_of_the_stated_size(
 
 
 @pytest.mark.parametrize(
-    ("n_envs", "pair_size", "paired", "expected"),
-    [(8, 4, True, 4), (4, 4, True, 4), (2, 4, True, 2), (8, None, True, 8), (8, 4, False, 8)],
+    ("n_envs", "pair_size", "paired", "per_rank", "expected"),
+    [
+        (8, 4, True, None, 4),
+        (4, 4, True, None, 4),
+        (2, 4, True, None, 2),
+        (8, None, True, None, 8),
+        (8, 4, False, None, 8),
+        (4, 4, True, 2, 2),  # 4 envs over 2 DDP ranks: each host saw half of every batch
+        (8, None, False, 4, 4),
+        (16, 4, True, 8, 4),
+    ],
 )
 def test_evaluation_groups_are_as_large_as_a_training_hosts_data_share(
-    n_envs: int, pair_size: int | None, paired: bool, expected: int
+    n_envs: int, pair_size: int | None, paired: bool, per_rank: int | None, expected: int
 ) -> None:
-    """A training host saw 1/group of every batch; an evaluated host must see as much."""
+    """A training host saw 1/group of every batch on its rank; an evaluated host must see
+    as much."""
     from esper.simic.module import PPOModule
     from esper.simic.ppo import PPOConfig
 
     module = PPOModule(n_envs=n_envs, ppo=PPOConfig(pair_size=pair_size, paired_envs=paired))
-    assert evaluation_config(module).n_envs == expected
+    assert evaluation_config(module, per_rank).n_envs == expected
+
+
+def test_a_checkpoint_records_its_envs_per_rank_and_a_damaged_record_is_refused(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    from esper.callbacks.checkpoint import CheckpointError
+    from esper.simic.checkpoint_contents import ENVS_PER_RANK_KEY
+
+    saved = torch.load(checkpoint, weights_only=True)
+    assert saved[ENVS_PER_RANK_KEY] == saved["hyper_parameters"]["n_envs"]  # one rank
+    damaged = tmp_path / "damaged.ckpt"
+    torch.save({**saved, ENVS_PER_RANK_KEY: 3}, damaged)
+    with pytest.raises(CheckpointError, match=f"{ENVS_PER_RANK_KEY}=3.*damaged"):
+        evaluate(damaged, episodes=1, controllers=("no_growth",))

@@ -25,6 +25,9 @@ SPEC_KEY = "esper_policy_spec"
 DATA_KEY = "esper_data"
 #: Checkpoint key holding the random states and generators an exact resume needs.
 RUN_STATE_KEY = "esper_run_state"
+#: Checkpoint key holding the envs each rank ran (``model.n_envs`` over the world size):
+#: evaluation gives its hosts the data share a training host had.
+ENVS_PER_RANK_KEY = "esper_envs_per_rank"
 
 
 def plain(value: Any) -> Any:

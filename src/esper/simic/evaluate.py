@@ -30,6 +30,7 @@ from esper.contracts.rollout import StepBatch
 from esper.simic.advantages import group_size
 from esper.simic.checkpoint_contents import (
     DATA_KEY,
+    ENVS_PER_RANK_KEY,
     check_same_action_space,
     checkpoint_policy_spec,
 )
@@ -220,7 +221,7 @@ def evaluate(
     path = Path(ckpt)
     module, checkpoint = load_module(path)
     data = datamodule or load_datamodule(checkpoint, path)
-    config = evaluation_config(module)
+    config = evaluation_config(module, _envs_per_rank(checkpoint, module, path))
     assert module.policy is not None and module.normalizer is not None
     check_same_action_space(module.policy.schema, action_schema(config, data), path)
     policy = module.policy.to(device).eval()
@@ -264,17 +265,34 @@ def evaluate(
     return Evaluation(_paired_with_reference(results), all_steps, slot_ids)
 
 
-def evaluation_config(module: PPOModule) -> EnvConfig:
+def evaluation_config(module: PPOModule, envs_per_rank: int | None = None) -> EnvConfig:
     """The run's env config, with as many envs side by side as trained on one data share.
 
-    A training host trained on 1/n of every batch, n being its paired group's size (or
-    the run's envs when unpaired); evaluation runs unpaired groups of that n, so each
+    A training host trained on 1/n of every batch, n being its paired group's size, or
+    the envs on its rank when unpaired (``envs_per_rank``, which the checkpoint records:
+    a DDP run splits ``model.n_envs`` over its ranks; None for a checkpoint from before
+    it did, taken as one rank). Evaluation runs unpaired groups of that n, so each
     evaluated host trains on as much data as the policy's hosts did.
     """
     config = replace(module.env_config, devices=None)
+    n = config.n_envs if envs_per_rank is None else envs_per_rank
     if module.ppo_config.paired_envs:
-        config = replace(config, n_envs=group_size(config.n_envs, module.ppo_config.pair_size))
-    return config
+        n = group_size(n, module.ppo_config.pair_size)
+    return replace(config, n_envs=n)
+
+
+def _envs_per_rank(checkpoint: dict[str, Any], module: PPOModule, path: Path) -> int | None:
+    """The envs each training rank ran, as the checkpoint records them (None: not recorded)."""
+    value = checkpoint.get(ENVS_PER_RANK_KEY)
+    n_envs = module.env_config.n_envs
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or n_envs % value:
+        raise CheckpointError(
+            f"checkpoint {path} records {ENVS_PER_RANK_KEY}={value!r}, which does not divide "
+            f"its model.n_envs={n_envs} into ranks; the file is damaged"
+        )
+    return value
 
 
 def _paired_with_reference(results: list[ControllerResult]) -> list[ControllerResult]:

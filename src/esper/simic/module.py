@@ -25,6 +25,7 @@ from esper.kasmina import LifecycleConfig, OptimConfig
 from esper.simic.buffer import RolloutBuffer
 from esper.simic.checkpoint_contents import (
     DATA_KEY,
+    ENVS_PER_RANK_KEY,
     RUN_STATE_KEY,
     SPEC_KEY,
     check_same_action_space,
@@ -366,6 +367,7 @@ class PPOModule(LightningModule):
             checkpoint["hyper_parameters"] = plain(dict(checkpoint["hyper_parameters"]))
         checkpoint[SPEC_KEY] = policy_spec(self._obs_dim, self.policy.schema)
         checkpoint[DATA_KEY] = data_entry(self.env.datamodule)
+        checkpoint[ENVS_PER_RANK_KEY] = self.env.n_envs
         checkpoint[RUN_STATE_KEY] = {
             "ppo_generator": self._generator.get_state(),
             "host_loader_generator": self.env.train_loader_generator_state(),
