@@ -56,7 +56,9 @@ class EnvConfig:
     #: module's device.
     devices: tuple[str, ...] | None = None
     #: Start every env of an episode from the same host weights and train them on the same
-    #: samples (common random numbers: envs then differ only by what the policy did).
+    #: samples (common random numbers: envs then differ by what the policy did and by
+    #: their seeds' own initial draws; sharing those draws too learned worse policies,
+    #: benchmarks/README.md).
     #: Training sets it with ``PPOConfig.paired_envs``; evaluation keeps it off, so its
     #: episodes are independent.
     paired: bool = False
