@@ -18,6 +18,7 @@ from esper.simic.ppo import (
     make_optimizer,
     ppo_losses,
     ppo_update,
+    trained_advantages,
 )
 from esper.simic.rewards import RewardConfig, RewardInputs, shaped_reward, total
 from esper.tamiyo.action_masks import ActionMasks
@@ -422,3 +423,28 @@ def test_default_returns_are_final_accuracy_minus_accuracy_then_whatever_the_cri
     final = torch.from_numpy(acc[:, -1:])
     expected = (final - torch.from_numpy(acc[:, :-1])) + final
     torch.testing.assert_close(returns, expected, atol=1e-6, rtol=0)
+
+
+def test_without_the_critic_baseline_paired_advantages_are_the_returns_less_the_others() -> None:
+    """RLOO: with critic_baseline off the critic's values play no part in what PPO trains
+    on; each env's return is compared with the mean of its group's other envs."""
+    batch = _rollout_batch(make_policy(), n_envs=8, n_steps=5)
+    config = PPOConfig(critic_baseline=False, pair_size=4)
+    rloo = trained_advantages(batch, config)
+    for e in range(8):
+        group = range(e // 4 * 4, e // 4 * 4 + 4)
+        for t in range(5):
+            if not batch.valid[e, t]:
+                continue
+            others = [batch.returns[o, t] for o in group if o != e and batch.valid[o, t]]
+            expected = batch.returns[e, t] - torch.stack(others).mean()
+            torch.testing.assert_close(rloo[e, t], expected)
+    shifted = dataclasses.replace(batch, values=batch.values + 5.0, advantages=batch.advantages - 3)
+    torch.testing.assert_close(trained_advantages(shifted, config), rloo)
+    with_critic = trained_advantages(batch, PPOConfig(pair_size=4))
+    assert not torch.allclose(with_critic, rloo)  # the default subtracts the critic first
+
+
+def test_dropping_the_critic_baseline_needs_paired_envs_and_says_so() -> None:
+    with pytest.raises(ValueError, match=r"PPOConfig\.critic_baseline.*paired_envs"):
+        PPOConfig(critic_baseline=False, paired_envs=False)
