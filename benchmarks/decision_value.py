@@ -1,0 +1,117 @@
+"""What one decision is worth against the noise, from the training events of paired runs.
+
+For every training episode in the given ``events.jsonl`` files (written by ``esper fit``'s
+event log), the env's final validation accuracy, in points, is fitted by least squares on
+the episode's counts of fossilized seeds per blueprint, prunes and germinations, and the
+host epoch of its first fossilization (25 when none), every column taken less its mean
+over the paired group (the rollout's envs, which started from the same host and saw the
+same data). It prints each coefficient with its standard error and the standard
+deviation of what the counts leave unexplained: the signal a policy gets per decision,
+and the noise it gets with it.
+
+Usage: ``python benchmarks/decision_value.py 'runs/*/seed*/lightning_logs/version_0/events.jsonl'``
+(one rollout per paired group: runs with ``model.n_envs`` at most ``model.ppo.pair_size``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+from collections import Counter, defaultdict
+
+import numpy as np
+
+#: Percentage points per unit of accuracy.
+POINTS = 100.0
+#: Host epoch recorded for an episode that fossilized nothing (the default episode length).
+NO_FOSSIL_EPOCH = 25
+
+
+def episode_rows(path: str) -> tuple[list[str], list[list[float]]]:
+    """``(blueprints, rows)``: per episode, its rollout, final accuracy in points, then the
+    counts."""
+    fossilized: Counter[tuple[int, int, str]] = Counter()
+    germinated: Counter[tuple[int, int]] = Counter()
+    pruned: Counter[tuple[int, int]] = Counter()
+    first: dict[tuple[int, int], int] = {}
+    final: dict[int, dict[int, float]] = defaultdict(dict)
+    with open(path) as f:
+        for line in f:
+            event = json.loads(line)
+            key = (event.get("rollout"), event.get("env"))
+            kind = event["kind"]
+            if kind == "fossilized":
+                fossilized[(*key, event["blueprint"])] += 1
+                first[key] = min(first.get(key, NO_FOSSIL_EPOCH), event["host_epoch"])
+            elif kind == "germinated":
+                germinated[key] += 1
+            elif kind == "pruned":
+                pruned[key] += 1
+            elif kind == "episode_end":
+                final[key[0]][key[1]] = event["final_val_acc"]
+    blueprints = sorted({bp for (_, _, bp) in fossilized})
+    rows = []
+    for rollout, envs in final.items():
+        for env, acc in envs.items():
+            key = (rollout, env)
+            rows.append(
+                [rollout, acc * POINTS]
+                + [fossilized[(*key, bp)] for bp in blueprints]
+                + [pruned[key], germinated[key], first.get(key, NO_FOSSIL_EPOCH)]
+            )
+    return blueprints, rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("pattern", help="glob of events.jsonl files (quote it)")
+    args = parser.parse_args()
+    paths = sorted(glob.glob(args.pattern))
+    if not paths:
+        raise SystemExit(f"no events.jsonl files match {args.pattern!r}")
+    data: list[list[float]] = []
+    per_file = [episode_rows(p) for p in paths]
+    names = sorted({bp for bps, _ in per_file for bp in bps})
+    for run, ((bps, rows), path) in enumerate(zip(per_file, paths, strict=True)):
+        if bps != names:  # align the columns of a run that never fossilized some blueprint
+            index = {bp: i for i, bp in enumerate(bps)}
+            rows = [
+                r[:2] + [r[2 + index[bp]] if bp in index else 0 for bp in names] + r[2 + len(bps) :]
+                for r in rows
+            ]
+        data.extend([[run, *r] for r in rows])
+        print(f"{path}: {len(rows)} episodes")
+    table = np.asarray(data, dtype=float)
+    # Within each paired group (a run's rollout), every column less its group mean: the
+    # policy is paid relative to its group, and a count not centred the same way would be
+    # credited with only (group - 1) / group of its worth.
+    groups = np.unique(table[:, :2], axis=0, return_inverse=True)[1].reshape(-1)
+    values = table[:, 2:]
+    sums = np.zeros((groups.max() + 1, values.shape[1]))
+    np.add.at(sums, groups, values)
+    sizes = np.bincount(groups)[:, None]
+    centred = values - (sums / sizes)[groups]
+    y, design = centred[:, 0], centred[:, 1:]
+    if np.linalg.matrix_rank(design) < design.shape[1]:
+        raise SystemExit(
+            "the counts are collinear over these episodes (e.g. every germinated seed was "
+            "fossilized or pruned, or a count never varies): no per-decision worth to fit"
+        )
+    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+    resid = y - design @ coef
+    dof = len(y) - design.shape[1] - len(sizes)
+    cov = (resid @ resid / dof) * np.linalg.inv(design.T @ design)
+    labels = [f"fossilized {bp}" for bp in names] + [
+        "pruned",
+        "germinated",
+        "first fossil epoch",
+    ]
+    print(f"{len(y)} episodes; deviation from the paired mean: sd {y.std(ddof=1):.2f} pts")
+    for label, c, se in zip(labels, coef, np.sqrt(np.diag(cov)), strict=True):
+        print(f"  {label:<24} {c:+.3f} ± {se:.3f} pts")
+    print(f"unexplained: sd {np.sqrt(resid @ resid / dof):.2f} pts per episode")
+
+
+if __name__ == "__main__":
+    main()
