@@ -192,7 +192,15 @@ def test_evaluation_groups_are_as_large_as_a_training_hosts_data_share(
     from esper.simic.module import PPOModule
     from esper.simic.ppo import PPOConfig
 
-    module = PPOModule(n_envs=n_envs, ppo=PPOConfig(pair_size=pair_size, paired_envs=paired))
+    module = PPOModule(
+        n_envs=n_envs,
+        ppo=PPOConfig(
+            pair_size=pair_size,
+            paired_envs=paired,
+            critic_baseline=not paired,
+            vf_coef=0.0 if paired else 0.5,
+        ),
+    )
     assert evaluation_config(module, per_rank).n_envs == expected
 
 

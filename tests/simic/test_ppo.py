@@ -261,7 +261,7 @@ def test_invalid_steps_do_not_affect_the_update() -> None:
         assert torch.isfinite(after).all()
         torch.testing.assert_close(after, before, rtol=0, atol=0)
     # And the valid data does matter.
-    flipped = dataclasses.replace(batch, advantages=-batch.advantages)
+    flipped = dataclasses.replace(batch, advantages=-batch.advantages, returns=-batch.returns)
     assert any(
         not torch.equal(a, b)
         for a, b in zip(
@@ -441,10 +441,18 @@ def test_without_the_critic_baseline_paired_advantages_are_the_returns_less_the_
             torch.testing.assert_close(rloo[e, t], expected)
     shifted = dataclasses.replace(batch, values=batch.values + 5.0, advantages=batch.advantages - 3)
     torch.testing.assert_close(trained_advantages(shifted, config), rloo)
-    with_critic = trained_advantages(batch, PPOConfig(pair_size=4))
+    with_critic = trained_advantages(
+        batch, PPOConfig(pair_size=4, critic_baseline=True, vf_coef=0.5)
+    )
     assert not torch.allclose(with_critic, rloo)  # the default subtracts the critic first
 
 
 def test_dropping_the_critic_baseline_needs_paired_envs_and_says_so() -> None:
     with pytest.raises(ValueError, match=r"PPOConfig\.critic_baseline.*paired_envs"):
         PPOConfig(critic_baseline=False, paired_envs=False)
+    PPOConfig(critic_baseline=True, paired_envs=False, vf_coef=0.5)
+
+
+def test_a_critic_baseline_needs_a_trained_critic_and_says_so() -> None:
+    with pytest.raises(ValueError, match=r"PPOConfig\.vf_coef.*untrained"):
+        PPOConfig(critic_baseline=True)

@@ -284,7 +284,12 @@ def test_pair_size_must_divide_the_envs_per_rank_and_the_message_names_the_fix()
     )
     validate_run(small_module(n_envs=8, ppo=PPOConfig(pair_size=4)), small_data(), 1)
     validate_run(
-        small_module(n_envs=6, ppo=PPOConfig(pair_size=4, paired_envs=False)), small_data(), 1
+        small_module(
+            n_envs=6,
+            ppo=PPOConfig(pair_size=4, paired_envs=False, critic_baseline=True, vf_coef=0.5),
+        ),
+        small_data(),
+        1,
     )
 
 

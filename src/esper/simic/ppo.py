@@ -79,7 +79,9 @@ class PPOConfig:
             smaller makes each update more conservative (ppo/clip_fraction counts clips).
         value_clip_coef: how far a value prediction may move from the rollout's value
             before its loss is clipped; null disables value clipping.
-        vf_coef: weight of the value loss against the policy loss in the one shared loss.
+        vf_coef: weight of the value loss against the policy loss in the one shared loss;
+            0 by default, where no critic enters the advantages (critic_baseline false);
+            give it a weight (0.5 is CleanRL's) with critic_baseline true.
         ent_coef: weight of the entropy bonus; raise it to keep the policy exploring
             (model.ent_coef_final anneals it over the run).
         update_epochs: passes over each rollout per PPO update; more passes move the
@@ -103,9 +105,9 @@ class PPOConfig:
         paired_envs: start every env of a rollout from the same host and data, and take
             each env's advantage relative to the others' (needs 2+ envs per rank).
         critic_baseline: with paired_envs, take the leave-one-out baseline of the GAE
-            advantages (returns minus the critic's values); false takes it of the returns
-            alone (RLOO), so the critic only reports ppo/explained_variance (vf_coef 0
-            then stops training it). Needs paired_envs, or no baseline is left.
+            advantages (returns minus the critic's values); false (the default) takes it
+            of the returns alone (RLOO), and the critic only reports
+            ppo/explained_variance. False needs paired_envs, or no baseline is left.
         pair_size: envs per paired group: a rank's envs split into groups of this many,
             each group starting from its own host, and each host trains on 1/pair_size of
             every batch; a rank with no more envs than this is one group; null: one group.
@@ -117,7 +119,8 @@ class PPOConfig:
     lr: float = 1e-3
     clip_coef: float = 0.2
     value_clip_coef: float | None = 0.2
-    vf_coef: float = 0.5
+    #: The value loss's weight: 0 because the default advantages use no critic.
+    vf_coef: float = 0.0
     ent_coef: float = 0.01
     update_epochs: int = 10
     n_minibatches: int = 2
@@ -141,10 +144,13 @@ class PPOConfig:
     #: host's data. 8 envs in two groups, measured in benchmarks/README.md, did not learn
     #: a better policy in 60 updates than the default 4.
     pair_size: int | None = 4
-    #: Subtract the critic's values before the leave-one-out baseline. Off (RLOO), with
-    #: ``vf_coef`` 0, six training seeds measured +0.73 +- 0.12 pts over no growth against
-    #: +0.66 +- 0.22 with the critic (benchmarks/README.md): within noise, so on stays.
-    critic_baseline: bool = True
+    #: Subtract the critic's values before the leave-one-out baseline. Off (RLOO, with
+    #: ``vf_coef`` 0): six training seeds measured +0.73 +- 0.12 pts over no growth, half
+    #: the spread of the critic's +0.66 +- 0.22, and the acceptance run +1.08 +- 0.35
+    #: where the critic's had -0.02 +- 0.39 (benchmarks/README.md). The paired envs'
+    #: returns are a baseline the policy's own noise does not enter; the critic's values
+    #: were fitted to returns whose differences are fractions of a point.
+    critic_baseline: bool = False
     adam_eps: float = 1e-5
     advantage_norm_eps: float = 1e-8
 
@@ -167,8 +173,15 @@ class PPOConfig:
             if not self.critic_baseline and not self.paired_envs:
                 raise ConfigError(
                     "critic_baseline",
-                    "false needs paired_envs: true (the other envs' returns are then the "
-                    "baseline); unpaired, leave it true so the critic's values are",
+                    "false needs paired_envs: true (the other envs' returns are the "
+                    "baseline); unpaired, set critic_baseline: true and vf_coef: 0.5 so "
+                    "a trained critic's values are",
+                )
+            if self.critic_baseline and self.vf_coef == 0:
+                raise ConfigError(
+                    "vf_coef",
+                    "0 with critic_baseline: true leaves the critic untrained and its values "
+                    "no baseline; give it a weight (0.5 is CleanRL's)",
                 )
 
 
