@@ -58,7 +58,8 @@ class PPOConfig:
     """PPO hyper-parameters, CleanRL's defaults but for the learning rate and epochs.
 
     Defaults follow CleanRL's ``ppo.py`` except ``lr`` and ``update_epochs``, which are set
-    for Esper's small batches.
+    for Esper's small batches, and the advantages: with paired envs each env's return
+    less its group's others' (``critic_baseline`` false, so ``vf_coef`` 0 trains no critic).
 
     A rollout of the default run is 4 envs x 24 decisions: CleanRL's 4 epochs at 3e-4 make
     8 small Adam steps on it, and the policy barely moved (``ppo/approx_kl`` about 1e-5,
