@@ -6,8 +6,9 @@ acted alike train alike. What the critic cannot predict (how well this host happ
 train) is then common to all envs at a step, while what the policy did is not. Taking
 each env's advantage minus the mean of the *other* envs' at the same step cancels the
 common part and keeps the part the actions caused: a leave-one-out baseline, as in
-RLOO, applied to GAE advantages. Leaving the env itself out keeps the baseline
-independent of its own action.
+RLOO, applied by default to the returns themselves (``PPOConfig.critic_baseline``
+false) or to GAE advantages (true: the critic's values subtracted first). Leaving the
+env itself out keeps the baseline independent of its own action.
 
 A rank's envs may form several such groups (``PPOConfig.pair_size``): each group starts
 from its own host, and an env is compared only with the others of its group. More groups

@@ -55,7 +55,7 @@ STAT_NAMES: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class PPOConfig:
-    """PPO hyper-parameters, CleanRL's defaults but for the learning rate and epochs.
+    """PPO hyper-parameters, CleanRL's defaults but for learning rate, epochs and advantages.
 
     Defaults follow CleanRL's ``ppo.py`` except ``lr`` and ``update_epochs``, which are set
     for Esper's small batches, and the advantages: with paired envs each env's return
