@@ -18,7 +18,8 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-from collections import Counter, defaultdict
+from collections import Counter
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,39 +29,39 @@ POINTS = 100.0
 NO_FOSSIL_EPOCH = 25
 
 
-def episode_rows(path: str) -> tuple[list[str], list[list[float]]]:
-    """``(blueprints, rows)``: per episode, its rollout, final accuracy in points, then the
-    counts."""
-    fossilized: Counter[tuple[int, int, str]] = Counter()
-    germinated: Counter[tuple[int, int]] = Counter()
-    pruned: Counter[tuple[int, int]] = Counter()
-    first: dict[tuple[int, int], int] = {}
-    final: dict[int, dict[int, float]] = defaultdict(dict)
+@dataclass
+class Episode:
+    """One training episode's outcome and the decisions counted in it."""
+
+    rollout: int
+    final_points: float
+    fossilized: Counter[str] = field(default_factory=Counter)  # per blueprint
+    pruned: int = 0
+    germinated: int = 0
+    first_fossil_epoch: int = NO_FOSSIL_EPOCH
+
+
+def read_episodes(path: str) -> list[Episode]:
+    """The episodes that ended in one ``events.jsonl``."""
+    episodes: dict[tuple[int, int], Episode] = {}
     with open(path) as f:
         for line in f:
             event = json.loads(line)
-            key = (event.get("rollout"), event.get("env"))
             kind = event["kind"]
+            if kind not in ("fossilized", "germinated", "pruned", "episode_end"):
+                continue
+            key = (event["rollout"], event["env"])
+            episode = episodes.setdefault(key, Episode(rollout=key[0], final_points=np.nan))
             if kind == "fossilized":
-                fossilized[(*key, event["blueprint"])] += 1
-                first[key] = min(first.get(key, NO_FOSSIL_EPOCH), event["host_epoch"])
+                episode.fossilized[event["blueprint"]] += 1
+                episode.first_fossil_epoch = min(episode.first_fossil_epoch, event["host_epoch"])
             elif kind == "germinated":
-                germinated[key] += 1
+                episode.germinated += 1
             elif kind == "pruned":
-                pruned[key] += 1
-            elif kind == "episode_end":
-                final[key[0]][key[1]] = event["final_val_acc"]
-    blueprints = sorted({bp for (_, _, bp) in fossilized})
-    rows = []
-    for rollout, envs in final.items():
-        for env, acc in envs.items():
-            key = (rollout, env)
-            rows.append(
-                [rollout, acc * POINTS]
-                + [fossilized[(*key, bp)] for bp in blueprints]
-                + [pruned[key], germinated[key], first.get(key, NO_FOSSIL_EPOCH)]
-            )
-    return blueprints, rows
+                episode.pruned += 1
+            else:
+                episode.final_points = event["final_val_acc"] * POINTS
+    return [e for e in episodes.values() if not np.isnan(e.final_points)]
 
 
 def main() -> None:
@@ -70,18 +71,17 @@ def main() -> None:
     paths = sorted(glob.glob(args.pattern))
     if not paths:
         raise SystemExit(f"no events.jsonl files match {args.pattern!r}")
-    data: list[list[float]] = []
-    per_file = [episode_rows(p) for p in paths]
-    names = sorted({bp for bps, _ in per_file for bp in bps})
-    for run, ((bps, rows), path) in enumerate(zip(per_file, paths, strict=True)):
-        if bps != names:  # align the columns of a run that never fossilized some blueprint
-            index = {bp: i for i, bp in enumerate(bps)}
-            rows = [
-                r[:2] + [r[2 + index[bp]] if bp in index else 0 for bp in names] + r[2 + len(bps) :]
-                for r in rows
-            ]
-        data.extend([[run, *r] for r in rows])
-        print(f"{path}: {len(rows)} episodes")
+    runs = [read_episodes(p) for p in paths]
+    for path, episodes in zip(paths, runs, strict=True):
+        print(f"{path}: {len(episodes)} episodes")
+    names = sorted({bp for episodes in runs for e in episodes for bp in e.fossilized})
+    data = [
+        [run, e.rollout, e.final_points]
+        + [e.fossilized[bp] for bp in names]
+        + [e.pruned, e.germinated, e.first_fossil_epoch]
+        for run, episodes in enumerate(runs)
+        for e in episodes
+    ]
     table = np.asarray(data, dtype=float)
     # Within each paired group (a run's rollout), every column less its group mean: the
     # policy is paid relative to its group, and a count not centred the same way would be

@@ -18,6 +18,7 @@ def _load():  # type: ignore[no-untyped-def]
     spec = importlib.util.spec_from_file_location("decision_value", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
     spec.loader.exec_module(module)
     return module
 
