@@ -67,10 +67,11 @@ def train_backward(host: HostModel, x: Tensor, y: Tensor) -> Tensor:
     The host's own forward and backward, then the incubation pass that trains seeds in
     TRAINING (``esper.kasmina.incubation``).
     """
-    from esper.kasmina.incubation import incubating_slots, incubation_loss
+    from esper.kasmina.incubation import incubating_slots, incubation_loss, recording_start
 
-    out = forward_backward(host, x, y)
     slots = incubating_slots(host)
+    with recording_start(host, slots) as start:
+        out = forward_backward(host, x, y)
     if slots:
-        incubation_loss(host, slots, x, y).backward()
+        incubation_loss(host, slots, x, y, start).backward()
     return out

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from esper.contracts import BlendMode, SeedStage
-from esper.kasmina import GrowingHost, OptimConfig
-from esper.kasmina.incubation import incubating_slots, incubation_loss
+from esper.kasmina import CNNHost, GrowingHost, HostModel, OptimConfig
+from esper.kasmina.incubation import incubating_slots, incubation_loss, recording_start
 from esper.kasmina.lifecycle import GateSignals
 from tests.kasmina.factories import FAST, forward_backward, make_batch, make_host, train_backward
 
@@ -91,3 +91,104 @@ def test_incubated_seed_lowers_the_loss_it_will_be_blended_into() -> None:
         seeded = float(incubation_loss(grown.model, slots, x, y))
     assert seeded < before
     assert seeded < float(host_loss)
+
+
+def _incubating_host(kind: str, slot_ids: list[int]) -> GrowingHost:
+    grown = GrowingHost(make_host(kind, lifecycle=FAST), OptimConfig(seed_lr=0.1))
+    for index in slot_ids:
+        slot_id = grown.slot_ids[index]
+        grown.germinate(slot_id, BLUEPRINT[kind], BlendMode.LINEAR)
+        assert grown.advance(slot_id, GateSignals())  # GERMINATED -> TRAINING
+    grown.model.train()
+    return grown
+
+
+def _seed_grads(grown: GrowingHost) -> dict[str, torch.Tensor]:
+    return {
+        f"{slot.slot_id}.{i}": p.grad.clone()
+        for slot in incubating_slots(grown.model)
+        for i, p in enumerate(slot.seed_parameters())
+    }
+
+
+@pytest.mark.parametrize("kind", ["cnn", "transformer"])
+@pytest.mark.parametrize("slots", [[0], [1], [0, 1]], ids=["first", "second", "both"])
+def test_a_pass_started_at_the_recorded_slot_input_equals_the_whole_pass(
+    kind: str, slots: list[int]
+) -> None:
+    """The layers before the first incubating slot are skipped, not changed: same loss,
+    bit-identical seed gradients, the host's buffers untouched."""
+    whole, resumed = _incubating_host(kind, slots), _incubating_host(kind, slots)
+    x, y = make_batch(whole.model, n=6)
+    incubating = incubating_slots(resumed.model)
+    with recording_start(resumed.model, incubating) as start:
+        forward_backward(resumed.model, x, y)
+    forward_backward(whole.model, x, y)
+    assert start is not None and start.index == min(slots)
+    assert start.slot_input is not None and not start.slot_input.requires_grad
+    buffers = {n: b.clone() for n, b in resumed.model.named_buffers() if "seed" not in n}
+
+    loss_resumed = incubation_loss(resumed.model, incubating, x, y, start)
+    loss_whole = incubation_loss(whole.model, incubating_slots(whole.model), x, y)
+    loss_resumed.backward()
+    loss_whole.backward()
+
+    assert torch.equal(loss_resumed, loss_whole)
+    mine, theirs = _seed_grads(resumed), _seed_grads(whole)
+    assert mine.keys() == theirs.keys() and mine
+    for name, grad in theirs.items():
+        assert torch.equal(mine[name], grad), name
+    for name, b in resumed.model.named_buffers():
+        if name in buffers:
+            assert torch.equal(b, buffers[name]), name
+
+
+def test_recording_removes_its_hook_and_yields_nothing_without_training_seeds() -> None:
+    grown = _incubating_host("cnn", [1])
+    x, _ = make_batch(grown.model)
+    with recording_start(grown.model, []) as nothing:
+        grown.model(x)
+    assert nothing is None
+    slot = grown.model.slot(grown.slot_ids[1])
+    with recording_start(grown.model, incubating_slots(grown.model)):
+        assert len(slot._forward_pre_hooks) == 1
+    assert not slot._forward_pre_hooks
+
+
+def test_a_host_that_cannot_resume_runs_the_whole_pass() -> None:
+    """A host written before ``forward_from_slot`` existed still trains its seeds."""
+
+    class WholeOnly(CNNHost):
+        forward_from_slot = HostModel.forward_from_slot
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for stage, slot, pool in zip(self.stages, self.slots.values(), self.pools, strict=True):
+                x = slot(stage(x))
+                if pool:
+                    x = torch.nn.functional.max_pool2d(x, 2)
+            return self.head(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+    torch.manual_seed(0)
+    grown = GrowingHost(
+        WholeOnly((1, 8, 8), n_classes=10, channels=(16, 32), lifecycle=FAST), OptimConfig()
+    )
+    grown.germinate(grown.slot_ids[0], "conv_heavy", BlendMode.LINEAR)
+    assert grown.advance(grown.slot_ids[0], GateSignals())
+    x, y = make_batch(grown.model)
+    slots = incubating_slots(grown.model)
+    with recording_start(grown.model, slots) as start:
+        forward_backward(grown.model, x, y)
+    assert start is None
+    incubation_loss(grown.model, slots, x, y, start).backward()
+    assert all(p.grad is not None for p in slots[0].seed_parameters())
+
+
+def test_a_start_recorded_on_another_batch_is_refused() -> None:
+    grown = _incubating_host("cnn", [0])
+    slots = incubating_slots(grown.model)
+    x, _ = make_batch(grown.model, n=4)
+    with recording_start(grown.model, slots) as start:
+        grown.model(x)
+    big_x, big_y = make_batch(grown.model, n=8)
+    with pytest.raises(ValueError, match="recorded slot input holds 4 samples"):
+        incubation_loss(grown.model, slots, big_x, big_y, start)

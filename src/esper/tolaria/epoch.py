@@ -18,7 +18,7 @@ from torch import Tensor
 
 from esper.kasmina.growing_host import GrowingHost
 from esper.kasmina.hosts.base import HostModel
-from esper.kasmina.incubation import incubating_slots, incubation_loss
+from esper.kasmina.incubation import incubating_slots, incubation_loss, recording_start
 from esper.tolaria.counterfactual import validate_with_counterfactuals
 from esper.tolaria.parallel import env_groups, resolve_workers, run_in_workers
 from esper.tolaria.streams import env_streams as _env_streams
@@ -160,6 +160,7 @@ def run_epoch(
         amp_dtype=amp_dtype,
         scalers=scalers if amp == "fp16" else None,
         paired_group=paired_group,
+        compiled=compile,
     )
     workers = resolve_workers(cpu_workers, len(envs))
     if workers > 1 and not compile and amp != "fp16" and all(e.device.type == "cpu" for e in envs):
@@ -200,6 +201,7 @@ class _Options:
     amp_dtype: torch.dtype | None
     scalers: dict[torch.device, torch.amp.GradScaler] | None
     paired_group: int | None = None
+    compiled: bool = False
 
 
 def _accumulators(envs: Sequence[GrowingHost]) -> list[_EnvAccumulator]:
@@ -300,8 +302,7 @@ def _train_batches(
         for i in members:
             env, acc = envs[i], accs[i]
             x, y = copies[env.device]
-            group = options.paired_group
-            shares, share = (len(envs), i) if group is None else (group, b % group)
+            shares, share = batch_share(b, i, len(envs), options.paired_group)
             xe, ye = x.tensor_split(shares)[share], y.tensor_split(shares)[share]
             if xe.shape[0] == 0 or acc.skipped:
                 continue
@@ -323,6 +324,14 @@ def _train_batches(
     for env, stream in zip(envs, streams, strict=True):
         if stream is not None:
             torch.cuda.current_stream(env.device).wait_stream(stream)
+
+
+def batch_share(batch: int, env: int, n_envs: int, paired_group: int | None) -> tuple[int, int]:
+    """``(shares, share)``: env ``env`` trains on share ``share`` of batch ``batch`` split in
+    ``shares`` (see :func:`run_epoch` on ``paired_group``)."""
+    if paired_group is None:
+        return n_envs, env
+    return paired_group, batch % paired_group
 
 
 def _forward_loss(model: HostModel, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
@@ -360,16 +369,18 @@ def _train_step(
     autocast = torch.autocast(
         env.device.type, dtype=options.amp_dtype, enabled=options.amp_dtype is not None
     )
-    with autocast:
+    incubating = incubating_slots(env.model)
+    # A compiled forward keeps its graph: no hook to record where incubation starts.
+    recorded = [] if options.compiled else incubating
+    with autocast, recording_start(env.model, recorded) as start:
         loss, correct = options.forward_loss(env.model, x, y)
     count = y.numel()
     scaler = options.scalers.get(env.device) if options.scalers is not None else None
     (loss if scaler is None else scaler.scale(loss)).backward()
-    incubating = incubating_slots(env.model)
     if incubating:
         # TRAINING seeds learn from their own pass; it adds gradients to them alone.
         with autocast:
-            seed_loss = incubation_loss(env.model, incubating, x, y)
+            seed_loss = incubation_loss(env.model, incubating, x, y, start)
         (seed_loss if scaler is None else scaler.scale(seed_loss)).backward()
     if scaler is None:
         _update_grad_flags(env, acc.grads_finite)

@@ -78,6 +78,16 @@ class HostModel(nn.Module, ABC):
         """Parameters added by seeds (live and fossilized): what the parameter rent charges."""
         return sum(slot.seed_param_count() for slot in self.iter_slots())
 
+    def forward_from_slot(self, index: int, h: Tensor) -> Tensor:
+        """The rest of ``forward`` from what reaches slot ``index`` (``self.slots`` order).
+
+        Why: a seed in TRAINING learns in a pass of its own (``esper.kasmina.incubation``),
+        and the layers before its slot compute there exactly what the host's own forward
+        just computed. A host that overrides this lets that pass start at the slot; one
+        that does not is run whole, with the same result, a little slower.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not resume at a slot")
+
     @abstractmethod
     def check_input(self, x: Tensor) -> None:
         """Raise ValueError naming the expected and the given shape/dtype. Host-side only."""

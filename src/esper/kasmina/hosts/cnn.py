@@ -119,11 +119,17 @@ class CNNHost(HostModel):
 
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)
-        for stage, slot, pool in zip(self.stages, self.slots.values(), self.pools, strict=True):
-            x = slot(stage(x))
+        return self.forward_from_slot(0, self.stages[0](x))
+
+    def forward_from_slot(self, index: int, h: Tensor) -> Tensor:
+        layers = zip(self.stages, self.slots.values(), self.pools, strict=True)
+        for i, (stage, slot, pool) in enumerate(layers):
+            if i < index:
+                continue
+            h = slot(h if i == index else stage(h))
             if pool:
-                x = F.max_pool2d(x, POOL)
-        return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+                h = F.max_pool2d(h, POOL)
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1))
 
     def loss_and_correct(self, outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, int]:
         loss = F.cross_entropy(outputs, targets)

@@ -115,9 +115,13 @@ class TransformerHost(HostModel):
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)
         positions = torch.arange(x.shape[1], device=x.device)
-        h = self.tok(x) + self.pos(positions)
-        for block, slot in zip(self.blocks, self.slots.values(), strict=True):
-            h = slot(block(h))
+        return self.forward_from_slot(0, self.blocks[0](self.tok(x) + self.pos(positions)))
+
+    def forward_from_slot(self, index: int, h: Tensor) -> Tensor:
+        for i, (block, slot) in enumerate(zip(self.blocks, self.slots.values(), strict=True)):
+            if i < index:
+                continue
+            h = slot(h if i == index else block(h))
         return self.head(self.ln_f(h))
 
     def loss_and_correct(self, outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, int]:
