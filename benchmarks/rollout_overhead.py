@@ -38,10 +38,10 @@ from esper.callbacks import CALLBACKS
 from esper.callbacks.checkpoint import EsperCheckpointIO
 from esper.cli.options import DEFAULT_CALLBACKS
 from esper.kasmina import GrowingHost
-from esper.kasmina.incubation import incubating_slots, incubation_loss
+from esper.kasmina.incubation import incubating_slots, incubation_loss, recording_start
 from esper.simic.module import DEFAULT_HOST_KWARGS, PPOModule
 from esper.tolaria.data import DATAMODULES
-from esper.tolaria.epoch import run_epoch
+from esper.tolaria.epoch import batch_share, run_epoch
 from esper.tolaria.parallel import env_groups, resolve_workers
 
 #: The two hosts of issue 16: esper-lite's (6 418 parameters on 3x32x32) and esper's default.
@@ -50,6 +50,8 @@ HOSTS: dict[str, dict[str, Any]] = {
     "default": dict(DEFAULT_HOST_KWARGS["cnn"]),
 }
 Batch = tuple[Tensor, Tensor]
+#: Images each env trains on per step (issue 16's work).
+IMAGES_PER_ENV_STEP = 16
 
 
 class _UpdateTimer(L.Callback):
@@ -86,21 +88,25 @@ class _UpdateTimer(L.Callback):
             self.seconds.append(time.perf_counter() - self._start - self._copy_s)
 
 
-def _pure_epochs(hosts: list[list[GrowingHost]], train: list[Batch], val: list[Batch]) -> None:
+def _pure_epochs(
+    hosts: list[list[GrowingHost]], train: list[Batch], val: list[Batch], group: int | None
+) -> None:
     """Train and validate one env group's hosts over their epochs: compute only."""
     with torch.enable_grad():
         for epoch_hosts in hosts:
             for i, host, n in epoch_hosts:  # type: ignore[misc]
                 model = host.model
                 model.train()
-                for x, y in train:
-                    xe, ye = x.tensor_split(n)[i], y.tensor_split(n)[i]
+                for b, (x, y) in enumerate(train):
+                    shares, share = batch_share(b, i, n, group)
+                    xe, ye = x.tensor_split(shares)[share], y.tensor_split(shares)[share]
                     host.zero_grad()
-                    loss = model.loss_and_correct(model(xe), ye)[0]
-                    loss.backward()
                     incubating = incubating_slots(model)
+                    with recording_start(model, incubating) as start:
+                        loss = model.loss_and_correct(model(xe), ye)[0]
+                    loss.backward()
                     if incubating:
-                        incubation_loss(model, incubating, xe, ye).backward()
+                        incubation_loss(model, incubating, xe, ye, start).backward()
                     host.step()
                 model.eval()
                 with torch.no_grad():
@@ -110,20 +116,25 @@ def _pure_epochs(hosts: list[list[GrowingHost]], train: list[Batch], val: list[B
 
 
 def pure_host_compute(
-    update: list[list[GrowingHost]], train: list[Batch], val: list[Batch], workers: int
+    update: list[list[GrowingHost]],
+    train: list[Batch],
+    val: list[Batch],
+    workers: int,
+    group: int | None,
 ) -> float:
-    """Seconds to train and validate one update's recorded hosts (the copies are trained)."""
+    """Seconds to train and validate one update's recorded hosts (the copies are trained)
+    on the shares training gave them (``group``: the paired group, or None)."""
     n = len(update[0])
     groups = env_groups(n, workers)
     work = [[[(i, epoch[i], n) for i in g] for epoch in update] for g in groups]
     if workers == 1:
         start = time.perf_counter()
-        _pure_epochs(work[0], train, val)  # type: ignore[arg-type]
+        _pure_epochs(work[0], train, val, group)  # type: ignore[arg-type]
         return time.perf_counter() - start
 
     def run(part: list[Any]) -> None:
         torch.set_num_threads(1)
-        _pure_epochs(part, train, val)
+        _pure_epochs(part, train, val, group)
 
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -139,13 +150,17 @@ def pure_host_compute(
 
 
 def run_epoch_compute(
-    update: list[list[GrowingHost]], train: list[Batch], val: list[Batch], workers: int
+    update: list[list[GrowingHost]],
+    train: list[Batch],
+    val: list[Batch],
+    workers: int,
+    group: int | None,
 ) -> float:
     """Seconds ``run_epoch`` takes for the same hosts and batches: the pure compute plus
     counterfactual replicas, accumulators, gradient flags and the workers' hand-off."""
     start = time.perf_counter()
     for epoch in update:
-        run_epoch(epoch, train, val, cpu_workers=workers)
+        run_epoch(epoch, train, val, paired_group=group, cpu_workers=workers)
     return time.perf_counter() - start
 
 
@@ -159,12 +174,19 @@ def overhead_case(
     cpu_workers: int | None = None,
 ) -> dict[str, float]:
     """Median wall per update, median pure host compute per update, for one case."""
-    data = DATAMODULES.get("synthetic")(
-        input_shape=[3, 32, 32], n_classes=10, n_train=1000, n_val=200, batch_size=16 * n_envs
-    )
     L.seed_everything(seed, verbose=False)
     module = PPOModule(n_envs=n_envs, episode_epochs=episode_epochs, host_kwargs=HOSTS[host])
     module.env_config = replace(module.env_config, cpu_workers=cpu_workers)
+    # Paired envs (the default) train every env of a group on the same share of a batch:
+    # the batch holds one share per group member, so each env still gets 16 images a step.
+    group = module.env_config.paired_group
+    data = DATAMODULES.get("synthetic")(
+        input_shape=[3, 32, 32],
+        n_classes=10,
+        n_train=1000,
+        n_val=200,
+        batch_size=IMAGES_PER_ENV_STEP * (group or n_envs),
+    )
     timer = _UpdateTimer(warmup)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = L.Trainer(
@@ -182,13 +204,14 @@ def overhead_case(
     val = list(data.host_val_dataloader())
     workers = resolve_workers(module.env_config.cpu_workers, n_envs)
     fresh = copy.deepcopy(timer.hosts)
-    pure = [pure_host_compute(u, train, val, workers) for u in timer.hosts]
-    epochs = [run_epoch_compute(u, train, val, workers) for u in fresh]
+    pure = [pure_host_compute(u, train, val, workers, group) for u in timer.hosts]
+    epochs = [run_epoch_compute(u, train, val, workers, group) for u in fresh]
     return {
         "wall": statistics.median(timer.seconds),
         "pure": statistics.median(pure),
         "run_epoch": statistics.median(epochs),
         "workers": workers,
+        "group": group,
     }
 
 
@@ -205,8 +228,9 @@ def print_overhead(
     so that both settings meet the same load on a shared machine."""
     default_threads = torch.get_num_threads()
     print(
-        f"overhead: synthetic 3x32x32, 10 classes, 1000 train / 200 val, 16 images per env "
-        f"per step, episode_epochs={episode_epochs}, {updates} timed updates after {warmup} "
+        f"overhead: synthetic 3x32x32, 10 classes, 1000 train / 200 val, "
+        f"{IMAGES_PER_ENV_STEP} images per env per step (batch {IMAGES_PER_ENV_STEP} x paired "
+        f"group, or x n_envs unpaired), episode_epochs={episode_epochs}, {updates} timed updates after {warmup} "
         f"warm-up, torch threads {threads or [1, default_threads]} (torch.set_num_threads) in "
         f"turn, cpu_workers={cpu_workers}"
     )

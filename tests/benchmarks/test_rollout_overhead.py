@@ -1,0 +1,63 @@
+"""benchmarks/rollout_overhead.py's pure host compute is the host work training does."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from esper.contracts import BlendMode
+from esper.kasmina import CNNHost, GrowingHost, OptimConfig
+from esper.kasmina.lifecycle import GateSignals
+from esper.tolaria.epoch import run_epoch
+from tests.kasmina.factories import FAST
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load():  # type: ignore[no-untyped-def]
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "rollout_overhead", BENCHMARKS / "rollout_overhead.py"
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def _hosts(n: int) -> list[GrowingHost]:
+    """``n`` hosts, one with a seed in TRAINING so the incubation pass runs too."""
+    torch.manual_seed(0)
+    first = CNNHost((1, 8, 8), n_classes=4, channels=(4, 8), lifecycle=FAST)
+    hosts = [GrowingHost(copy.deepcopy(first), OptimConfig()) for _ in range(n)]
+    hosts[1].germinate(hosts[1].slot_ids[1], "conv_light", BlendMode.LINEAR)
+    assert hosts[1].advance(hosts[1].slot_ids[1], GateSignals())
+    return hosts
+
+
+@pytest.mark.parametrize("group", [None, 2], ids=["unpaired", "paired"])
+def test_pure_host_compute_trains_each_env_on_the_share_run_epoch_gives_it(
+    group: int | None,
+) -> None:
+    """Same batches, same shares, same steps: the hosts end bit-identical to run_epoch's."""
+    bench = _load()
+    g = torch.Generator().manual_seed(0)
+    train = [(torch.randn(8, 1, 8, 8, generator=g), torch.randint(0, 4, (8,))) for _ in range(3)]
+    val = [(torch.randn(6, 1, 8, 8, generator=g), torch.randint(0, 4, (6,)))]
+    pure, trained = _hosts(4), _hosts(4)
+
+    bench.pure_host_compute([pure], train, val, workers=1, group=group)
+    run_epoch(trained, train, val, paired_group=group, cpu_workers=1)
+
+    for p_host, r_host in zip(pure, trained, strict=True):
+        mine = dict(p_host.model.named_parameters())
+        for name, p in r_host.model.named_parameters():
+            assert torch.equal(mine[name], p), name
