@@ -12,8 +12,8 @@ shares of the host train loader, collated once beforehand), with forward, loss, 
 incubation pass of TRAINING seeds, backward and optimiser steps, then a plain forward
 over the pre-collated validation batches: no policy, no snapshots, no counterfactual
 replicas, no telemetry, no accumulators. With ``cpu_workers > 1`` the pure compute runs
-the same env groups in as many threads, each env's ops on one intra-op thread, with no
-synchronisation between epochs (the best case the threads could reach). A third figure,
+in as many threads, each env's ops on one intra-op thread, handed out a step at a time as
+``run_epoch`` hands them out (``esper.tolaria.parallel.run_env_steps``). A third figure,
 ``run_epoch s``, runs ``run_epoch`` itself on further copies of the same hosts with the
 same pre-collated batches: what it adds to the pure compute is counterfactual replicas and
 bookkeeping; what the wall adds to it is the policy, PPO, snapshots, loader and callbacks.
@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import statistics
 import tempfile
-import threading
 import time
 from dataclasses import replace
 from typing import Any
@@ -42,7 +41,7 @@ from esper.kasmina.incubation import incubating_slots, incubation_loss, recordin
 from esper.simic.module import DEFAULT_HOST_KWARGS, PPOModule
 from esper.tolaria.data import DATAMODULES
 from esper.tolaria.epoch import batch_share, run_epoch
-from esper.tolaria.parallel import env_groups, resolve_workers
+from esper.tolaria.parallel import resolve_workers, run_env_steps
 
 #: The two hosts of issue 16: esper-lite's (6 418 parameters on 3x32x32) and esper's default.
 HOSTS: dict[str, dict[str, Any]] = {
@@ -88,31 +87,45 @@ class _UpdateTimer(L.Callback):
             self.seconds.append(time.perf_counter() - self._start - self._copy_s)
 
 
-def _pure_epochs(
-    hosts: list[list[GrowingHost]], train: list[Batch], val: list[Batch], group: int | None
-) -> None:
-    """Train and validate one env group's hosts over their epochs: compute only."""
+def _pure_step(host: GrowingHost, i: int, n: int, b: int, batch: Batch, group: int | None) -> None:
+    """Env ``i`` of ``n`` trains on its share of batch ``b``: compute only."""
+    x, y = batch
+    shares, share = batch_share(b, i, n, group)
+    xe, ye = x.tensor_split(shares)[share], y.tensor_split(shares)[share]
+    model = host.model
     with torch.enable_grad():
-        for epoch_hosts in hosts:
-            for i, host, n in epoch_hosts:  # type: ignore[misc]
-                model = host.model
-                model.train()
-                for b, (x, y) in enumerate(train):
-                    shares, share = batch_share(b, i, n, group)
-                    xe, ye = x.tensor_split(shares)[share], y.tensor_split(shares)[share]
-                    host.zero_grad()
-                    incubating = incubating_slots(model)
-                    with recording_start(model, incubating) as start:
-                        loss = model.loss_and_correct(model(xe), ye)[0]
-                    loss.backward()
-                    if incubating:
-                        incubation_loss(model, incubating, xe, ye, start).backward()
-                    host.step()
-                model.eval()
-                with torch.no_grad():
-                    for x, y in val:
-                        model.loss_and_correct(model(x), y)
-                model.train()
+        host.zero_grad()
+        incubating = incubating_slots(model)
+        with recording_start(model, incubating) as start:
+            loss = model.loss_and_correct(model(xe), ye)[0]
+        loss.backward()
+        if incubating:
+            incubation_loss(model, incubating, xe, ye, start).backward()
+        host.step()
+
+
+@torch.no_grad()
+def _pure_val(host: GrowingHost, val: list[Batch]) -> None:
+    """A plain forward of the validation batches: no counterfactual replicas."""
+    model = host.model
+    model.eval()
+    for x, y in val:
+        model.loss_and_correct(model(x), y)
+    model.train()
+
+
+def _pure_epoch_in_workers(
+    hosts: list[GrowingHost], train: list[Batch], val: list[Batch], workers: int, group: int | None
+) -> None:
+    n = len(hosts)
+
+    def step(i: int, b: int, batch: Batch) -> None:
+        _pure_step(hosts[i], i, n, b, batch, group)
+
+    def finish(i: int, batches: list[Batch]) -> None:
+        _pure_val(hosts[i], batches)
+
+    run_env_steps(n, workers, train, lambda: val, step, finish)
 
 
 def pure_host_compute(
@@ -123,30 +136,22 @@ def pure_host_compute(
     group: int | None,
 ) -> float:
     """Seconds to train and validate one update's recorded hosts (the copies are trained)
-    on the shares training gave them (``group``: the paired group, or None)."""
+    on the shares training gave them (``group``: the paired group, or None); with
+    ``workers > 1`` in as many threads, scheduled a step at a time as ``run_epoch`` does."""
     n = len(update[0])
-    groups = env_groups(n, workers)
-    work = [[[(i, epoch[i], n) for i in g] for epoch in update] for g in groups]
-    if workers == 1:
-        start = time.perf_counter()
-        _pure_epochs(work[0], train, val, group)  # type: ignore[arg-type]
-        return time.perf_counter() - start
-
-    def run(part: list[Any]) -> None:
-        torch.set_num_threads(1)
-        _pure_epochs(part, train, val, group)
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    threads = [threading.Thread(target=run, args=(part,)) for part in work]
     start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    seconds = time.perf_counter() - start
-    torch.set_num_threads(previous)
-    return seconds
+    for hosts in update:
+        for host in hosts:
+            host.model.train()
+        if workers == 1:
+            for b, batch in enumerate(train):
+                for i, host in enumerate(hosts):
+                    _pure_step(host, i, n, b, batch, group)
+            for host in hosts:
+                _pure_val(host, val)
+            continue
+        _pure_epoch_in_workers(hosts, train, val, workers, group)
+    return time.perf_counter() - start
 
 
 def run_epoch_compute(
@@ -179,7 +184,8 @@ def overhead_case(
     module.env_config = replace(module.env_config, cpu_workers=cpu_workers)
     # Paired envs (the default) train every env of a group on the same share of a batch:
     # the batch holds one share per group member, so each env still gets 16 images a step.
-    group = module.env_config.paired_group
+    ppo = module.ppo_config
+    group = replace(module.env_config, paired=ppo.paired_envs, pair_size=ppo.pair_size).paired_group
     data = DATAMODULES.get("synthetic")(
         input_shape=[3, 32, 32],
         n_classes=10,
@@ -202,6 +208,7 @@ def overhead_case(
         trainer.fit(module, datamodule=data)
     train = list(data.host_train_dataloader())
     val = list(data.host_val_dataloader())
+    assert module.env is not None and module.env.config.paired_group == group
     workers = resolve_workers(module.env_config.cpu_workers, n_envs)
     fresh = copy.deepcopy(timer.hosts)
     pure = [pure_host_compute(u, train, val, workers, group) for u in timer.hosts]

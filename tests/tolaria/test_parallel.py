@@ -7,6 +7,7 @@ promised at the same per-op thread count.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -21,7 +22,7 @@ from esper.kasmina import GrowingHost, TransformerHost
 from esper.simic.env_config import EnvConfig
 from esper.tolaria import epoch
 from esper.tolaria.epoch import EpochResult, run_epoch
-from esper.tolaria.parallel import env_groups, resolve_workers, run_in_workers
+from esper.tolaria.parallel import resolve_workers, run_env_steps
 from tests.simic.envs import collector, small_env
 from tests.tolaria.loaders import image_loaders, token_loaders
 from tests.tolaria.test_epoch import FAST, cnn_envs, to_stage
@@ -101,11 +102,11 @@ def test_a_rollout_with_workers_equals_the_sequential_rollout(
     """Real envs, policy and rewards: two episodes give the same transitions and hosts."""
     parallel_epochs: list[int] = []
 
-    def counted(tasks: list[object], items: object) -> list[object]:
-        parallel_epochs.append(len(tasks))
-        return run_in_workers(tasks, items)  # type: ignore[arg-type]
+    def counted(n_envs: int, workers: int, *args: object) -> list[object]:
+        parallel_epochs.append(workers)
+        return run_env_steps(n_envs, workers, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(epoch, "run_in_workers", counted)
+    monkeypatch.setattr(epoch, "run_env_steps", counted)
     runs = []
     for workers in (1, 2):
         col = collector(small_env(4, 3, cpu_workers=workers))
@@ -134,6 +135,23 @@ def test_a_worker_error_is_raised_after_every_worker_stopped() -> None:
     run_epoch(envs, train, val, cpu_workers=2)  # the envs still train afterwards
 
 
+def _count_steps(
+    n_envs: int, workers: int, items: Iterator[object] | list[object]
+) -> tuple[list[int], dict[int, list[int]]]:
+    """Run ``run_env_steps`` recording each env's batch indices; returns the finish
+    results (steps seen per env) and the indices."""
+    seen: dict[int, list[int]] = {e: [] for e in range(n_envs)}
+
+    def step(env: int, b: int, item: object) -> None:
+        seen[env].append(b)
+
+    def finish(env: int, tail: str) -> int:
+        assert tail == "val"
+        return len(seen[env])
+
+    return run_env_steps(n_envs, workers, items, lambda: "val", step, finish), seen
+
+
 def test_a_failing_loader_stops_the_workers_and_its_error_is_raised() -> None:
     train, _ = image_loaders()
 
@@ -141,12 +159,44 @@ def test_a_failing_loader_stops_the_workers_and_its_error_is_raised() -> None:
         yield next(iter(train))
         raise RuntimeError("DataLoader worker (pid 1) is killed by signal")
 
-    def count(stream: Iterator[object]) -> int:
-        return sum(1 for _ in stream)
-
     with pytest.raises(RuntimeError, match="DataLoader worker"):
-        run_in_workers([count, count], failing())
-    assert run_in_workers([count, count], iter(range(5))) == [5, 5]
+        _count_steps(3, 2, failing())
+    assert torch.get_num_threads() == 1
+    counts, seen = _count_steps(3, 2, list(range(5)))
+    assert counts == [5, 5, 5]
+    assert all(order == [0, 1, 2, 3, 4] for order in seen.values())
+
+
+def test_an_idle_worker_takes_any_free_env_so_a_slow_env_holds_up_no_other() -> None:
+    """Env 0's first step waits until every other env has finished: with envs split into
+    fixed halves, env 1 would wait behind env 0 and the epoch would never end."""
+    others_done = threading.Event()
+    finished: list[int] = []
+    lock = threading.Lock()
+
+    def step(env: int, b: int, item: object) -> None:
+        if env == 0 and b == 0:
+            assert others_done.wait(timeout=10), "a worker sat on env 1 behind env 0"
+
+    def finish(env: int, tail: None) -> int:
+        with lock:
+            finished.append(env)
+            if sorted(finished) == [1, 2, 3]:
+                others_done.set()
+        return env
+
+    assert run_env_steps(4, 2, range(3), lambda: None, step, finish) == [0, 1, 2, 3]
+    assert finished[-1] == 0
+
+
+def test_a_step_error_stops_every_worker_and_is_raised() -> None:
+    def step(env: int, b: int, item: object) -> None:
+        if env == 2 and b == 1:
+            raise ValueError("env 2 failed")
+
+    with pytest.raises(ValueError, match="env 2 failed"):
+        run_env_steps(4, 2, range(100), lambda: None, step, lambda env, tail: env)
+    assert torch.get_num_threads() == 1
 
 
 def test_workers_default_to_torch_threads_at_most_one_per_env() -> None:
@@ -156,7 +206,6 @@ def test_workers_default_to_torch_threads_at_most_one_per_env() -> None:
     torch.set_num_threads(1)
     assert resolve_workers(None, 4) == 1
     assert resolve_workers(8, 4) == 4
-    assert env_groups(5, 2) == [range(0, 2), range(2, 5)]
 
 
 def test_cpu_workers_must_be_a_positive_int_or_null() -> None:

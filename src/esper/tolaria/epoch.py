@@ -10,7 +10,7 @@ Shapes: ``E`` envs, ``S`` slots per host (every env runs the same host architect
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 
 import torch
@@ -20,7 +20,7 @@ from esper.kasmina.growing_host import GrowingHost
 from esper.kasmina.hosts.base import HostModel
 from esper.kasmina.incubation import incubating_slots, incubation_loss, recording_start
 from esper.tolaria.counterfactual import validate_with_counterfactuals
-from esper.tolaria.parallel import env_groups, resolve_workers, run_in_workers
+from esper.tolaria.parallel import resolve_workers, run_env_steps
 from esper.tolaria.streams import env_streams as _env_streams
 from esper.tolaria.streams import on_stream as _on_stream
 
@@ -230,13 +230,6 @@ def _train(
     return accs
 
 
-@dataclass(frozen=True)
-class _ValBatches:
-    """The epoch's validation batches, sent to every worker after the last train batch."""
-
-    batches: list[tuple[Tensor, Tensor]]
-
-
 def _train_and_validate_in_workers(
     envs: Sequence[GrowingHost],
     train_batches: Iterable[tuple[Tensor, Tensor]],
@@ -245,40 +238,22 @@ def _train_and_validate_in_workers(
     workers: int,
     device: torch.device,
 ) -> tuple[list[_EnvAccumulator], tuple[Tensor, Tensor, Tensor]]:
-    """CPU envs in ``workers`` threads, each training then validating its own group.
-
-    The calling thread draws every train batch once and then the validation split once
-    (a list: small, and every worker reads all of it); workers never wait for each other.
-    """
+    """CPU envs in ``workers`` threads, a training step at a time, each env validated
+    once it has trained on every batch (``esper.tolaria.parallel.run_env_steps``)."""
     accs = _accumulators(envs)
     for env in envs:
         env.model.train()
 
-    def task(members: range) -> Callable[[Iterator[object]], tuple[Tensor, Tensor, Tensor]]:
-        def run(stream: Iterator[object]) -> tuple[Tensor, Tensor, Tensor]:
-            val: list[_ValBatches] = []
+    def step(i: int, b: int, batch: tuple[Tensor, Tensor]) -> None:
+        with torch.enable_grad():  # grad mode is per thread
+            _train_env_on_batch(envs, accs, i, b, batch, None, options)
 
-            def train_part() -> Iterator[tuple[Tensor, Tensor]]:
-                for item in stream:
-                    if isinstance(item, _ValBatches):
-                        val.append(item)
-                        return
-                    yield item  # type: ignore[misc]
+    def finish(i: int, val: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
+        return validate_with_counterfactuals([envs[i]], val, device)
 
-            with torch.enable_grad():  # grad mode is per thread
-                _train_batches(envs, accs, train_part(), [None] * len(envs), options, members)
-            group = [envs[i] for i in members]
-            if not val:  # the feeder failed; its exception is what gets raised
-                raise RuntimeError("the epoch's batches stopped before validation")
-            return validate_with_counterfactuals(group, val[0].batches, device)
-
-        return run
-
-    def items() -> Iterator[object]:
-        yield from train_batches
-        yield _ValBatches(list(val_batches))
-
-    parts = run_in_workers([task(g) for g in env_groups(len(envs), workers)], items())
+    parts = run_env_steps(
+        len(envs), workers, train_batches, lambda: list(val_batches), step, finish
+    )
     val_loss, val_acc, cf_acc = (torch.cat([p[k] for p in parts]) for k in range(3))
     return accs, (val_loss, val_acc, cf_acc)
 
@@ -289,41 +264,52 @@ def _train_batches(
     batches: Iterable[tuple[Tensor, Tensor]],
     streams: list[torch.cuda.Stream | None],
     options: _Options,
-    members: Sequence[int] | None = None,
 ) -> None:
-    """Train the envs numbered ``members`` (default: all) on every batch's shares."""
-    members = range(len(envs)) if members is None else members
-    devices = {envs[i].device for i in members}
+    """Train every env on its share of every batch, one batch at a time."""
+    devices = {env.device for env in envs}
     for b, (x_cpu, y_cpu) in enumerate(batches):
         # One copy of the batch per device the envs live on (round-robin placement).
         copies = {
             d: (x_cpu.to(d, non_blocking=True), y_cpu.to(d, non_blocking=True)) for d in devices
         }
-        for i in members:
-            env, acc = envs[i], accs[i]
-            x, y = copies[env.device]
-            shares, share = batch_share(b, i, len(envs), options.paired_group)
-            xe, ye = x.tensor_split(shares)[share], y.tensor_split(shares)[share]
-            if xe.shape[0] == 0 or acc.skipped:
-                continue
-            try:
-                with _on_stream(streams[i], env.device, (xe, ye)):
-                    _train_step(env, acc, xe, ye, options)
-            except torch.OutOfMemoryError as exc:
-                if options.on_oom == "raise":
-                    raise HostOutOfMemoryError(
-                        f"env {i} ran out of device memory while training its host on a "
-                        f"share of {xe.shape[0]} samples; lower data.batch_size or "
-                        "model.n_envs, or set model.on_oom=skip_env_epoch to let that env "
-                        f"sit out the epoch ({exc})"
-                    ) from exc
-                acc.skipped = True
-                env.zero_grad()
-                if env.device.type == "cuda":
-                    torch.cuda.empty_cache()
+        for i in range(len(envs)):
+            _train_env_on_batch(envs, accs, i, b, copies[envs[i].device], streams[i], options)
     for env, stream in zip(envs, streams, strict=True):
         if stream is not None:
             torch.cuda.current_stream(env.device).wait_stream(stream)
+
+
+def _train_env_on_batch(
+    envs: Sequence[GrowingHost],
+    accs: list[_EnvAccumulator],
+    i: int,
+    b: int,
+    batch: tuple[Tensor, Tensor],
+    stream: torch.cuda.Stream | None,
+    options: _Options,
+) -> None:
+    """Env ``i``'s step on its share of batch ``b`` (already on its device)."""
+    env, acc = envs[i], accs[i]
+    x, y = batch
+    shares, share = batch_share(b, i, len(envs), options.paired_group)
+    xe, ye = x.tensor_split(shares)[share], y.tensor_split(shares)[share]
+    if xe.shape[0] == 0 or acc.skipped:
+        return
+    try:
+        with _on_stream(stream, env.device, (xe, ye)):
+            _train_step(env, acc, xe, ye, options)
+    except torch.OutOfMemoryError as exc:
+        if options.on_oom == "raise":
+            raise HostOutOfMemoryError(
+                f"env {i} ran out of device memory while training its host on a "
+                f"share of {xe.shape[0]} samples; lower data.batch_size or "
+                "model.n_envs, or set model.on_oom=skip_env_epoch to let that env "
+                f"sit out the epoch ({exc})"
+            ) from exc
+        acc.skipped = True
+        env.zero_grad()
+        if env.device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def batch_share(batch: int, env: int, n_envs: int, paired_group: int | None) -> tuple[int, int]:

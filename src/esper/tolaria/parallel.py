@@ -2,36 +2,39 @@
 
 On a CPU, each env's convolutions are too small to keep two intra-op threads busy, and
 envs used to train one after another, so every core but one sat mostly idle. Torch ops
-release the GIL while they compute, so one Python thread per group of envs keeps every
-core busy; each runs its ops on one intra-op thread, so the threads do not oversubscribe
-the cores. (Processes would need the hosts, their optimizers and the batches to cross
-process boundaries every epoch; threads share them.)
+release the GIL while they compute, so one Python thread per core keeps every core busy;
+each runs its ops on one intra-op thread, so the threads do not oversubscribe the cores.
+(Processes would need the hosts, their optimizers and the batches to cross process
+boundaries every epoch; threads share them.)
 
-An env is owned by exactly one worker for the whole epoch and shares no tensor it writes
-and no random stream with another env, so its figures do not depend on how threads are
-scheduled: the results equal the sequential path's bit for bit, as long as both run each
-op on the same number of intra-op threads (``tests/tolaria/test_parallel.py``).
+An env is in at most one worker at a time, takes its batches in order, and shares no
+tensor it writes and no random stream with another env, so its figures do not depend on
+how threads are scheduled: the results equal the sequential path's bit for bit, as long
+as both run each op on the same number of intra-op threads
+(``tests/tolaria/test_parallel.py``).
 
-The calling thread draws the loader's batches once and hands every worker each batch as
-it is drawn (one unbounded queue per worker): collation of the next batch then overlaps
-the workers' training, and at most one epoch of batches is ever queued, which the loader
-already holds in memory for an in-memory dataset.
+Work is handed out a step at a time, not an env group at a time: an idle worker takes
+whichever env is free and has its next batch drawn, trains it on that batch and puts it
+back. Envs cost different amounts (a seed in TRAINING adds an incubation pass, each
+contributing seed a validation replica), so fixed halves left one core waiting for the
+other: at 4 envs on 2 cores the slower worker was busy 8 to 10% longer than the mean.
+The calling thread draws the loader's batches once, as the workers train (collation
+overlaps training), then the validation batches; a batch is let go once every env has
+trained on it.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 import torch
 
 T = TypeVar("T")
+V = TypeVar("V")
 R = TypeVar("R")
-
-#: Marks the end of a worker's stream.
-_END = object()
 
 
 def resolve_workers(requested: int | None, n_envs: int) -> int:
@@ -42,64 +45,126 @@ def resolve_workers(requested: int | None, n_envs: int) -> int:
     return max(1, min(wanted, n_envs))
 
 
-def env_groups(n_envs: int, workers: int) -> list[range]:
-    """Contiguous, near-equal groups of env indices, one per worker."""
-    return [range(k * n_envs // workers, (k + 1) * n_envs // workers) for k in range(workers)]
+class _Schedule(Generic[T, V, R]):
+    """Shared state of one :func:`run_env_steps` call, guarded by ``cond``."""
 
-
-class _Worker(threading.Thread, Generic[T, R]):
-    """Runs one task on the items its queue receives, single-threaded per op."""
-
-    def __init__(self, task: Callable[[Iterator[T]], R]) -> None:
-        super().__init__(daemon=True)
-        self.task = task
-        self.inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self.result: R | None = None
+    def __init__(self, n_envs: int) -> None:
+        self.cond = threading.Condition()
+        self.drawn: list[T | None] = []
+        self.released = 0  # batches before this index were let go
+        self.tail: V | None = None
+        self.all_drawn = False
+        self.next_batch = [0] * n_envs
+        self.ready: deque[int] = deque(range(n_envs))
+        self.results: list[R | None] = [None] * n_envs
+        self.unfinished = n_envs
         self.error: BaseException | None = None
 
-    def stream(self) -> Iterator[T]:
-        while (item := self.inbox.get()) is not _END:
-            yield item  # type: ignore[misc]
+    def take(self) -> tuple[int, int | None] | None:
+        """An env that can go on, with its next batch index (None: it is done training);
+        None when the work is over. Call with ``cond`` held; waits until one is free."""
+        while True:
+            if self.error is not None or self.unfinished == 0:
+                return None
+            for _ in range(len(self.ready)):
+                env = self.ready.popleft()
+                if self.next_batch[env] < len(self.drawn):
+                    return env, self.next_batch[env]
+                if self.all_drawn:
+                    return env, None
+                self.ready.append(env)
+            self.cond.wait()
 
-    def run(self) -> None:
-        # Each thread keeps its own intra-op thread count (OpenMP's is per thread).
-        torch.set_num_threads(1)
-        stream = self.stream()
-        try:
-            self.result = self.task(stream)
-        except BaseException as exc:  # re-raised by the calling thread
+    def stepped(self, env: int) -> None:
+        """``env`` trained on its batch: put it back, and let go of batches every env is past."""
+        self.next_batch[env] += 1
+        self.ready.append(env)
+        lowest = min(self.next_batch)
+        while self.released < lowest:
+            self.drawn[self.released] = None
+            self.released += 1
+        self.cond.notify_all()
+
+    def fail(self, exc: BaseException) -> None:
+        if self.error is None:
             self.error = exc
-        for _ in stream:  # let the feeder's items go; nothing waits on them
-            pass
+        self.cond.notify_all()
 
 
-def run_in_workers(tasks: Sequence[Callable[[Iterator[T]], R]], items: Iterable[T]) -> list[R]:
-    """Run every task in its own thread on the same stream of ``items``; their results in
-    task order.
+def run_env_steps(
+    n_envs: int,
+    workers: int,
+    batches: Iterable[T],
+    tail: Callable[[], V],
+    step: Callable[[int, int, T], None],
+    finish: Callable[[int, V], R],
+) -> list[R]:
+    """``step(env, b, batch)`` for every env on every batch in order, then ``finish(env,
+    tail())``, in ``workers`` threads; the ``finish`` results in env order.
 
-    ``items`` is iterated once, by the calling thread, while the tasks run. The process's
-    intra-op thread count is 1 while they run and is restored after. The first failing
-    task's exception (in task order) is raised after every thread has finished, and so is
-    an exception raised by ``items``.
+    The calling thread iterates ``batches`` once while the workers run, then calls
+    ``tail`` once (the validation batches). Each env's steps run one after another, in one
+    thread at a time, so its results do not depend on which thread ran them. The
+    process's intra-op thread count is 1 while the workers run and is restored after. The
+    first exception raised by a step, a finish, ``batches`` or ``tail`` is raised after
+    every worker has stopped.
     """
-    workers = [_Worker(task) for task in tasks]
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)  # new threads take their intra-op count from here
-    try:
-        for worker in workers:
-            worker.start()
+    plan: _Schedule[T, V, R] = _Schedule(n_envs)
+    cond = plan.cond
+
+    def work() -> None:
+        torch.set_num_threads(1)  # each thread keeps its own intra-op count
         try:
-            for item in items:
-                for worker in workers:
-                    worker.inbox.put(item)
+            while True:
+                with cond:
+                    task = plan.take()
+                    if task is None:
+                        return
+                    env, b = task
+                    batch, tail_value = (
+                        (plan.drawn[b], None) if b is not None else (None, plan.tail)
+                    )
+                if b is not None:
+                    step(env, b, batch)  # type: ignore[arg-type]
+                    with cond:
+                        plan.stepped(env)
+                else:
+                    result = finish(env, tail_value)  # type: ignore[arg-type]
+                    with cond:
+                        plan.results[env] = result
+                        plan.unfinished -= 1
+                        cond.notify_all()
+        except BaseException as exc:  # re-raised by the calling thread
+            with cond:
+                plan.fail(exc)
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(workers)]
+    try:
+        for thread in threads:
+            thread.start()
+        try:
+            for batch in batches:
+                with cond:
+                    if plan.error is not None:
+                        break
+                    plan.drawn.append(batch)
+                    cond.notify_all()
+            else:
+                value = tail()
+                with cond:
+                    plan.tail = value
+                    plan.all_drawn = True
+                    cond.notify_all()
+        except BaseException as exc:
+            with cond:
+                plan.fail(exc)
         finally:
-            for worker in workers:
-                worker.inbox.put(_END)
-            for worker in workers:
-                worker.join()
+            for thread in threads:
+                thread.join()
     finally:
         torch.set_num_threads(previous)
-    for worker in workers:
-        if worker.error is not None:
-            raise worker.error
-    return [worker.result for worker in workers]  # type: ignore[misc]
+    if plan.error is not None:
+        raise plan.error
+    return plan.results  # type: ignore[return-value]
