@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from esper.contracts import BlendMode
 from esper.kasmina import CNNHost, GrowingHost, OptimConfig, SlotShape
+from esper.kasmina.hosts import cnn
+from esper.kasmina.hosts.cnn import max_pool_2x2
 
 
 @pytest.mark.parametrize(
@@ -120,3 +123,50 @@ def test_the_predecessors_host_grows_in_every_slot_like_any_cnn_host() -> None:
     assert sum(p.numel() for p in host.parameters()) > before
     out = host(torch.randn(2, 3, 32, 32))
     assert out.shape == (2, 10) and bool(torch.isfinite(out).all())
+
+
+def _pool_inputs() -> list[torch.Tensor]:
+    """Random maps, maps full of ties (ReLU zeros, quarter steps), odd sizes, NaN and -inf."""
+    g = torch.Generator().manual_seed(0)
+    tied = (torch.randn(4, 3, 8, 8, generator=g).relu() * 4).round() / 4
+    special = torch.randn(2, 2, 4, 4, generator=g)
+    special[0, 0, 0, 1] = float("nan")
+    special[1, 1, :2, :2] = float("-inf")
+    return [
+        torch.randn(5, 8, 16, 16, generator=g),
+        tied,
+        torch.randn(3, 4, 7, 9, generator=g),
+        special,
+    ]
+
+
+@pytest.mark.parametrize("case", range(4), ids=["random", "ties", "odd", "nan_inf"])
+def test_max_pool_without_gradients_equals_torch_max_pool(case: int) -> None:
+    x = _pool_inputs()[case]
+    with torch.no_grad():
+        fast = max_pool_2x2(x)
+    expected = F.max_pool2d(x, 2)
+    assert fast.shape == expected.shape
+    assert torch.equal(fast.isnan(), expected.isnan())
+    assert torch.equal(fast.nan_to_num(), expected.nan_to_num())
+
+
+def test_max_pool_with_gradients_routes_them_as_torch_max_pool_does() -> None:
+    x = _pool_inputs()[1]
+    mine, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    grad = torch.randn(F.max_pool2d(x, 2).shape)
+    max_pool_2x2(mine).backward(grad)
+    F.max_pool2d(theirs, 2).backward(grad)
+    assert torch.equal(mine.grad, theirs.grad)  # ties: the first maximum of a window
+
+
+def test_a_validation_forward_equals_the_forward_with_torch_max_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch.manual_seed(0)
+    host = CNNHost((3, 32, 32), 10, channels=(8, 16, 32), convs_per_stage=1).eval()
+    x = torch.randn(6, 3, 32, 32)
+    with torch.no_grad():
+        fast = host(x)
+        monkeypatch.setattr(cnn, "max_pool_2x2", lambda h: F.max_pool2d(h, 2))
+        assert torch.equal(fast, host(x))

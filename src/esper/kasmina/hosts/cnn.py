@@ -21,6 +21,24 @@ DEFAULT_CONVS_PER_STAGE = 2
 POOL = 2
 
 
+def max_pool_2x2(x: Tensor) -> Tensor:
+    """2x2 max-pooling, stride 2, equal to ``F.max_pool2d(x, 2)`` value for value.
+
+    Why not always ``F.max_pool2d``: on the CPU its forward is slow for these small
+    NCHW maps: on this project's 2-core VM, one thread, 9.0 / 4.7 / 2.4 ms for 200
+    validation images at 8x32x32 / 16x16x16 / 32x8x8, against 1.5 / 0.4 / 0.3 ms for the
+    elementwise maximum of the four strided quarters here, so pooling was most of a
+    validation forward of the predecessor's host. Where a gradient is needed it stays:
+    its backward is cheap and picks the first maximum of a window, which the maximum of
+    quarters has no record of.
+    """
+    if x.device.type != "cpu" or (torch.is_grad_enabled() and x.requires_grad):
+        return F.max_pool2d(x, 2)
+    h, w = x.shape[-2] // 2 * 2, x.shape[-1] // 2 * 2
+    top = torch.maximum(x[..., 0:h:2, 0:w:2], x[..., 0:h:2, 1:w:2])
+    return torch.maximum(top, torch.maximum(x[..., 1:h:2, 0:w:2], x[..., 1:h:2, 1:w:2]))
+
+
 class ConvStage(nn.Module):
     """``convs`` 3x3 conv-BN-ReLU layers at one resolution (no conv bias: BN has one)."""
 
@@ -128,7 +146,7 @@ class CNNHost(HostModel):
                 continue
             h = slot(h if i == index else stage(h))
             if pool:
-                h = F.max_pool2d(h, POOL)
+                h = max_pool_2x2(h)
         return self.head(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1))
 
     def loss_and_correct(self, outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, int]:
