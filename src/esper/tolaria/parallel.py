@@ -121,9 +121,8 @@ def run_env_steps(
                     if task is None:
                         return
                     env, b = task
-                    batch, tail_value = (
-                        (plan.drawn[b], None) if b is not None else (None, plan.tail)
-                    )
+                    batch = plan.drawn[b] if b is not None else None
+                    tail_value = plan.tail
                 if b is not None:
                     step(env, b, batch)  # type: ignore[arg-type]
                     with cond:
