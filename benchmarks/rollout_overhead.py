@@ -40,7 +40,7 @@ from esper.kasmina import GrowingHost
 from esper.kasmina.incubation import incubating_slots, incubation_loss, recording_start
 from esper.simic.module import DEFAULT_HOST_KWARGS, PPOModule
 from esper.tolaria.data import DATAMODULES
-from esper.tolaria.epoch import batch_share, run_epoch
+from esper.tolaria.epoch import env_share, run_epoch
 from esper.tolaria.parallel import resolve_workers, run_env_steps
 
 #: The two hosts of issue 16: esper-lite's (6 418 parameters on 3x32x32) and esper's default.
@@ -89,9 +89,7 @@ class _UpdateTimer(L.Callback):
 
 def _pure_step(host: GrowingHost, i: int, n: int, b: int, batch: Batch, group: int | None) -> None:
     """Env ``i`` of ``n`` trains on its share of batch ``b``: compute only."""
-    x, y = batch
-    shares, share = batch_share(b, i, n, group)
-    xe, ye = x.tensor_split(shares)[share], y.tensor_split(shares)[share]
+    xe, ye = env_share(batch, b, i, n, group)
     model = host.model
     with torch.enable_grad():
         host.zero_grad()

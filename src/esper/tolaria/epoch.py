@@ -290,9 +290,7 @@ def _train_env_on_batch(
 ) -> None:
     """Env ``i``'s step on its share of batch ``b`` (already on its device)."""
     env, acc = envs[i], accs[i]
-    x, y = batch
-    shares, share = batch_share(b, i, len(envs), options.paired_group)
-    xe, ye = x.tensor_split(shares)[share], y.tensor_split(shares)[share]
+    xe, ye = env_share(batch, b, i, len(envs), options.paired_group)
     if xe.shape[0] == 0 or acc.skipped:
         return
     try:
@@ -312,12 +310,14 @@ def _train_env_on_batch(
             torch.cuda.empty_cache()
 
 
-def batch_share(batch: int, env: int, n_envs: int, paired_group: int | None) -> tuple[int, int]:
-    """``(shares, share)``: env ``env`` trains on share ``share`` of batch ``batch`` split in
-    ``shares`` (see :func:`run_epoch` on ``paired_group``)."""
-    if paired_group is None:
-        return n_envs, env
-    return paired_group, batch % paired_group
+def env_share(
+    batch: tuple[Tensor, Tensor], b: int, env: int, n_envs: int, paired_group: int | None
+) -> tuple[Tensor, Tensor]:
+    """The part of batch number ``b`` that env ``env`` trains on: share ``env`` of ``n_envs``,
+    or with ``paired_group`` share ``b mod paired_group`` (see :func:`run_epoch`)."""
+    shares, share = (n_envs, env) if paired_group is None else (paired_group, b % paired_group)
+    x, y = batch
+    return x.tensor_split(shares)[share], y.tensor_split(shares)[share]
 
 
 def _forward_loss(model: HostModel, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
