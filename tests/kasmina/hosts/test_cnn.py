@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from esper.contracts import BlendMode
-from esper.kasmina import CNNHost, GrowingHost, OptimConfig, SlotShape
+from esper.contracts import BlendMode, SeedStage
+from esper.kasmina import CNNHost, GateSignals, GrowingHost, OptimConfig, SlotShape
 from esper.kasmina.hosts import cnn
 from esper.kasmina.hosts.cnn import max_pool_2x2
+from tests.kasmina.factories import FAST
 
 
 @pytest.mark.parametrize(
@@ -170,3 +173,59 @@ def test_a_validation_forward_equals_the_forward_with_torch_max_pool(
         fast = host(x)
         monkeypatch.setattr(cnn, "max_pool_2x2", lambda h: F.max_pool2d(h, 2))
         assert torch.equal(fast, host(x))
+
+
+def _slot_inputs(host: CNNHost, x: torch.Tensor) -> list[torch.Tensor]:
+    seen: list[torch.Tensor] = []
+    hooks = [
+        host.slot(s).register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
+        for s in host.slot_ids
+    ]
+    host(x)
+    for hook in hooks:
+        hook.remove()
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("channels", "channels_last"), [((8, 16, 32), True), ((2, 4, 8), False)], ids=["8up", "2"]
+)
+def test_the_cpu_runs_hosts_of_eight_channels_up_in_channels_last_layout(
+    channels: tuple[int, ...], channels_last: bool
+) -> None:
+    """NHWC is faster on the CPU from 8 channels up, slower below (cnn.channels_last_on_cpu)."""
+    host = CNNHost((3, 32, 32), 10, channels=channels, convs_per_stage=1)
+    maps = _slot_inputs(host, torch.randn(2, 3, 32, 32))
+    layouts = [m.is_contiguous(memory_format=torch.channels_last) for m in maps]
+    assert layouts == [channels_last] * len(channels)
+    assert all(m.is_contiguous() != channels_last for m in maps)
+
+
+def test_channels_last_gives_the_nchw_network_s_outputs_and_gradients() -> None:
+    """Same network, same figures up to float rounding, seeds (GroupNorm ones too) included."""
+    torch.manual_seed(0)
+    nhwc = CNNHost((3, 32, 32), 10, channels=(8, 16, 32), convs_per_stage=1, lifecycle=FAST)
+    grown = GrowingHost(nhwc, OptimConfig())
+    for slot_id, blueprint in zip(
+        nhwc.slot_ids, ["conv_light", "conv_heavy", "conv_wide"], strict=True
+    ):
+        grown.germinate(slot_id, blueprint, BlendMode.LINEAR)
+        for _ in range(2):  # GERMINATED -> TRAINING -> BLENDING: the seed's output counts
+            assert grown.advance(slot_id, GateSignals(grads_finite=True, contribution=1.0))
+        torch.nn.init.normal_(list(nhwc.slot(slot_id).seed_parameters())[-1], std=0.1)
+    grown.end_epoch()
+    assert all(
+        nhwc.slot(s).stage is SeedStage.BLENDING and nhwc.slot(s).alpha > 0 for s in nhwc.slot_ids
+    )
+    nchw = copy.deepcopy(nhwc)
+    nchw.channels_last = False
+    x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
+    outputs = []
+    for host in (nhwc, nchw):
+        out = host(x)
+        F.cross_entropy(out, y).backward()
+        outputs.append(out)
+    assert torch.allclose(outputs[0], outputs[1], atol=1e-5)
+    for a, b in zip(nhwc.parameters(), nchw.parameters(), strict=True):
+        assert a.grad is not None and b.grad is not None
+        assert torch.allclose(a.grad, b.grad, atol=1e-5)
