@@ -138,6 +138,7 @@ class CNNHost(HostModel):
                 h, w = h // POOL, w // POOL
             c_in = c
         self.head = nn.Linear(c_in, n_classes)
+        #: On the CPU, run in channels-last layout (every stage at least 8 channels wide).
         self.channels_last = min(channels) >= CHANNELS_LAST_MIN_CHANNELS
 
     @classmethod
