@@ -14,7 +14,8 @@ unless told otherwise), a fresh policy and a collector, runs one warm-up rollout
 
 With ``--overhead`` it instead times, for esper-lite's host and the default host at 4 and
 8 envs, whole PPO updates as ``Trainer.fit`` runs them against the pure host compute of
-the same work (``benchmarks/rollout_overhead.py`` says exactly what each side holds).
+the same work (``benchmarks/rollout_overhead.py`` says exactly what each side holds);
+``--rounds N`` alternates the thread counts N times per case and prints medians.
 
 With ``--telemetry`` it then times rollouts of the smallest ``n_envs`` with the
 :class:`TelemetryCallback` hooks called as in training, for each profile, and prints each
@@ -22,7 +23,7 @@ profile's rollout time as a ratio to the same rollouts with telemetry off.
 
 Usage: ``python benchmarks/rollout.py [--device cuda] [--episode-epochs 5] [--repeats 2]
 [--telemetry]``
-or ``python benchmarks/rollout.py --overhead --episode-epochs 8``
+or ``python benchmarks/rollout.py --overhead --episode-epochs 8 [--rounds 3]``
 """
 
 from __future__ import annotations
@@ -225,6 +226,12 @@ def main() -> None:
     parser.add_argument(
         "--cpu-workers", type=int, help="--overhead: EnvConfig.cpu_workers (default: every core)"
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="--overhead: alternate the thread counts this many times per case (medians)",
+    )
     args = parser.parse_args()
     quiet_third_party()  # the figures, without Lightning's advert and torch's notice
     if args.overhead:
@@ -239,6 +246,7 @@ def main() -> None:
             args.hosts,
             args.threads,
             args.cpu_workers,
+            args.rounds,
         )
         return
     device = torch.device(args.device)

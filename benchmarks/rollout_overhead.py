@@ -220,6 +220,19 @@ def overhead_case(
     }
 
 
+def summarise(
+    runs: list[dict[str, float]], first: list[dict[str, float]]
+) -> tuple[float, float, float, float]:
+    """One row from a case's rounds at one thread count: the median wall, run_epoch and pure
+    host seconds, and the median over rounds of this round's wall over the same round's
+    wall at the first thread count (``first``)."""
+    wall, run_epoch_s, pure = (
+        statistics.median(m[k] for m in runs) for k in ("wall", "run_epoch", "pure")
+    )
+    vs_first = statistics.median(m["wall"] / f["wall"] for m, f in zip(runs, first, strict=True))
+    return wall, run_epoch_s, pure, vs_first
+
+
 def print_overhead(
     n_envs: list[int],
     episode_epochs: int,
@@ -228,16 +241,23 @@ def print_overhead(
     hosts: list[str] | None = None,
     threads: list[int] | None = None,
     cpu_workers: int | None = None,
+    rounds: int = 1,
 ) -> None:
     """Every case at one torch thread and at the process's default, one after the other,
-    so that both settings meet the same load on a shared machine."""
+    so that both settings meet the same load on a shared machine. With ``rounds > 1`` the
+    thread counts alternate that many times per case; each row gives the medians over the
+    rounds, and ``wall / 1 thread`` the median of each round's own ratio (adjacent fits,
+    so a machine whose speed drifts within the hour moves both sides of it alike)."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     default_threads = torch.get_num_threads()
+    counts = list(dict.fromkeys(threads or (1, default_threads)))
     print(
         f"overhead: synthetic 3x32x32, 10 classes, 1000 train / 200 val, "
         f"{IMAGES_PER_ENV_STEP} images per env per step (batch {IMAGES_PER_ENV_STEP} x paired "
         f"group, or x n_envs unpaired), episode_epochs={episode_epochs}, {updates} timed updates after {warmup} "
-        f"warm-up, torch threads {threads or [1, default_threads]} (torch.set_num_threads) in "
-        f"turn, cpu_workers={cpu_workers}"
+        f"warm-up, torch threads {counts} (torch.set_num_threads) in turn, "
+        f"{rounds} round(s), cpu_workers={cpu_workers}"
     )
     print(
         f"{'host':>11} | {'n_envs':>6} | {'threads':>7} | {'workers':>7} | "
@@ -246,16 +266,19 @@ def print_overhead(
     )
     for host in hosts or list(HOSTS):
         for n in n_envs:
-            one_thread = 0.0
-            for count in dict.fromkeys(threads or (1, default_threads)):
-                torch.set_num_threads(count)
-                m = overhead_case(host, n, episode_epochs, updates, warmup, 0, cpu_workers)
-                one_thread = one_thread or m["wall"]
+            cases: dict[int, list[dict[str, float]]] = {count: [] for count in counts}
+            for _ in range(rounds):
+                for count in counts:
+                    torch.set_num_threads(count)
+                    cases[count].append(
+                        overhead_case(host, n, episode_epochs, updates, warmup, 0, cpu_workers)
+                    )
+            torch.set_num_threads(default_threads)
+            for count, runs in cases.items():
+                wall, run_epoch_s, pure, vs_first = summarise(runs, cases[counts[0]])
                 print(
-                    f"{host:>11} | {n:>6} | {count:>7} | {m['workers']:>7} | "
-                    f"{m['wall']:>13.3f} | {m['run_epoch']:>11.3f} | {m['pure']:>11.3f} | "
-                    f"{m['wall'] / m['pure']:>5.3f} | "
-                    f"{m['wall'] / one_thread:>15.3f}",
+                    f"{host:>11} | {n:>6} | {count:>7} | {runs[0]['workers']:>7} | "
+                    f"{wall:>13.3f} | {run_epoch_s:>11.3f} | {pure:>11.3f} | "
+                    f"{wall / pure:>5.3f} | {vs_first:>15.3f}",
                     flush=True,
                 )
-            torch.set_num_threads(default_threads)

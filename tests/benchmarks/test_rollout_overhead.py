@@ -61,3 +61,19 @@ def test_pure_host_compute_trains_each_env_on_the_share_run_epoch_gives_it(
         mine = dict(p_host.model.named_parameters())
         for name, p in r_host.model.named_parameters():
             assert torch.equal(mine[name], p), name
+
+
+def test_each_round_s_thread_ratio_pairs_fits_that_ran_side_by_side() -> None:
+    """A machine that slows between rounds must not bend the per-thread ratio."""
+    bench = _load()
+    one = [{"wall": w, "run_epoch": w, "pure": w} for w in (10.0, 20.0, 30.0)]
+    two = [{"wall": w, "run_epoch": w - 1, "pure": w - 2} for w in (6.0, 13.0, 15.0)]
+    wall, run_epoch_s, pure, vs_one = bench.summarise(two, one)
+    assert (wall, run_epoch_s, pure) == (13.0, 12.0, 11.0)
+    assert vs_one == pytest.approx(0.6)  # rounds give 0.6, 0.65, 0.5; medians alone 0.65
+    assert bench.summarise(one, one)[3] == 1.0
+
+
+def test_overhead_rounds_must_be_at_least_one() -> None:
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        _load().print_overhead([4], 8, 1, 1, rounds=0)
