@@ -4,19 +4,26 @@ against the pure host compute of the same work, in the same process.
 Each case runs ``Trainer.fit`` of a :class:`PPOModule` with the default callbacks of
 ``esper fit`` (telemetry, governor, timeline, best and last checkpoint; TensorBoard
 logger; no progress bar) and times every update from ``on_train_epoch_start`` to the end
-of ``on_train_epoch_end`` (rollout, PPO update, logging, checkpoints). During the timed
-updates it deep-copies every env's host (model and optimizers) before each host epoch;
-the copy is timed and subtracted from that update. Afterwards, still in the same run, the
-pure host compute trains those copies on the same pre-collated batches (the epoch's
-shares of the host train loader, collated once beforehand), with forward, loss, the
-incubation pass of TRAINING seeds, backward and optimiser steps, then a plain forward
-over the pre-collated validation batches: no policy, no snapshots, no counterfactual
-replicas, no telemetry, no accumulators. With ``cpu_workers > 1`` the pure compute runs
-in as many threads, each env's ops on one intra-op thread, handed out a step at a time as
-``run_epoch`` hands them out (``esper.tolaria.parallel.run_env_steps``). A third figure,
-``run_epoch s``, runs ``run_epoch`` itself on further copies of the same hosts with the
-same pre-collated batches: what it adds to the pure compute is counterfactual replicas and
-bookkeeping; what the wall adds to it is the policy, PPO, snapshots, loader and callbacks.
+of ``on_train_epoch_end`` (rollout, PPO update, logging, checkpoints). Right before each
+host epoch of a timed update it deep-copies every env's host (model and optimizers) twice
+and times, on those copies, the two figures the wall is compared with; the copies and
+these measurements are subtracted from that update's wall. The pure host compute trains
+one set of copies on the same pre-collated batches (the epoch's shares of the host train
+loader, collated once beforehand), with forward, loss, the incubation pass of TRAINING
+seeds, backward and optimiser steps, then a plain forward over the pre-collated
+validation batches: no policy, no snapshots, no counterfactual replicas, no telemetry, no
+accumulators. With ``cpu_workers > 1`` the pure compute runs in as many threads, each
+env's ops on one intra-op thread, handed out a step at a time as ``run_epoch`` hands them
+out (``esper.tolaria.parallel.run_env_steps``). ``run_epoch s`` runs ``run_epoch`` itself
+on the other copies with the same pre-collated batches: what it adds to the pure compute
+is counterfactual replicas and bookkeeping; what the wall adds to it is the policy, PPO,
+snapshots, loader and callbacks. The two alternate which goes first from epoch to epoch.
+
+Why beside each epoch rather than after the fit: this VM's speed drifts by up to 20%
+within the hour, and figures taken a minute apart moved the ratio by more than the
+overheads it measures (on the same recorded hosts, run_epoch after the fit came out
+0.25-0.39 s per update faster than the same epochs in the fit at 2 threads and 0.21-0.35 s
+slower at 1 thread; taken beside each epoch, the in-fit epoch cost 3-15 ms more).
 """
 
 from __future__ import annotations
@@ -54,14 +61,19 @@ IMAGES_PER_ENV_STEP = 16
 
 
 class _UpdateTimer(L.Callback):
-    """Times each update and records every host epoch's hosts, copy time excluded."""
+    """Times each update and, beside each of its host epochs, the pure host compute and
+    ``run_epoch`` of copies of that epoch's hosts; copies and their timing are excluded."""
 
-    def __init__(self, warmup: int) -> None:
+    def __init__(self, warmup: int, data: Any, workers: int, group: int | None) -> None:
         self.warmup = warmup
+        self.data, self.workers, self.group = data, workers, group
+        #: Per timed update: its wall, and the pure and run_epoch seconds of its epochs.
         self.seconds: list[float] = []
-        #: Per timed update, per host epoch, the envs' hosts as that epoch found them.
-        self.hosts: list[list[list[GrowingHost]]] = []
-        self._copy_s = 0.0
+        self.pure: list[float] = []
+        self.run_epoch: list[float] = []
+        self._batches: tuple[list[Batch], list[Batch]] | None = None
+        self._epochs = 0
+        self._excluded = 0.0
         self._start = 0.0
 
     def on_train_epoch_start(self, trainer: L.Trainer, module: PPOModule) -> None:
@@ -70,21 +82,42 @@ class _UpdateTimer(L.Callback):
         if trainer.current_epoch == self.warmup:
             original = env.train_epoch
 
-            def recorded() -> object:
+            def measured() -> object:
                 tick = time.perf_counter()
-                self.hosts[-1].append([copy.deepcopy(h) for h in env.hosts])
-                self._copy_s += time.perf_counter() - tick
+                self._measure_copies(env.hosts, pure_first=self._epochs % 2 == 0)
+                self._epochs += 1
+                self._excluded += time.perf_counter() - tick
                 return original()
 
-            env.train_epoch = recorded  # type: ignore[method-assign]
+            env.train_epoch = measured  # type: ignore[method-assign]
         if trainer.current_epoch >= self.warmup:
-            self.hosts.append([])
-        self._copy_s = 0.0
+            self.pure.append(0.0)
+            self.run_epoch.append(0.0)
+        self._excluded = 0.0
         self._start = time.perf_counter()
 
     def on_train_epoch_end(self, trainer: L.Trainer, module: PPOModule) -> None:
         if trainer.current_epoch >= self.warmup:
-            self.seconds.append(time.perf_counter() - self._start - self._copy_s)
+            self.seconds.append(time.perf_counter() - self._start - self._excluded)
+
+    def _measure_copies(self, hosts: list[GrowingHost], pure_first: bool) -> None:
+        """Pure compute and ``run_epoch`` of this epoch on copies of ``hosts``, leaving the
+        run's hosts and random streams as they were."""
+        pure_hosts, epoch_hosts = copy.deepcopy(hosts), copy.deepcopy(hosts)
+        with torch.random.fork_rng():  # iterating a loader draws its base seed
+            if self._batches is None:
+                self._batches = (
+                    list(self.data.host_train_dataloader()),
+                    list(self.data.host_val_dataloader()),
+                )
+            train, val = self._batches
+            for kind in ("pure", "run_epoch") if pure_first else ("run_epoch", "pure"):
+                if kind == "pure":
+                    seconds = pure_host_compute([pure_hosts], train, val, self.workers, self.group)
+                    self.pure[-1] += seconds
+                else:
+                    seconds = run_epoch_compute([epoch_hosts], train, val, self.workers, self.group)
+                    self.run_epoch[-1] += seconds
 
 
 def _pure_step(host: GrowingHost, i: int, n: int, b: int, batch: Batch, group: int | None) -> None:
@@ -191,7 +224,8 @@ def overhead_case(
         n_val=200,
         batch_size=IMAGES_PER_ENV_STEP * (group or n_envs),
     )
-    timer = _UpdateTimer(warmup)
+    workers = resolve_workers(module.env_config.cpu_workers, n_envs)
+    timer = _UpdateTimer(warmup, data, workers, group)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = L.Trainer(
             default_root_dir=tmp,
@@ -204,17 +238,12 @@ def overhead_case(
             log_every_n_steps=1,
         )
         trainer.fit(module, datamodule=data)
-    train = list(data.host_train_dataloader())
-    val = list(data.host_val_dataloader())
     assert module.env is not None and module.env.config.paired_group == group
-    workers = resolve_workers(module.env_config.cpu_workers, n_envs)
-    fresh = copy.deepcopy(timer.hosts)
-    pure = [pure_host_compute(u, train, val, workers, group) for u in timer.hosts]
-    epochs = [run_epoch_compute(u, train, val, workers, group) for u in fresh]
     return {
         "wall": statistics.median(timer.seconds),
-        "pure": statistics.median(pure),
-        "run_epoch": statistics.median(epochs),
+        "pure": statistics.median(timer.pure),
+        "run_epoch": statistics.median(timer.run_epoch),
+        "ratio": statistics.median(w / p for w, p in zip(timer.seconds, timer.pure, strict=True)),
         "workers": workers,
         "group": group,
     }
@@ -222,15 +251,16 @@ def overhead_case(
 
 def summarise(
     runs: list[dict[str, float]], first: list[dict[str, float]]
-) -> tuple[float, float, float, float]:
+) -> tuple[float, float, float, float, float]:
     """One row from a case's rounds at one thread count: the median wall, run_epoch and pure
-    host seconds, and the median over rounds of this round's wall over the same round's
-    wall at the first thread count (``first``)."""
-    wall, run_epoch_s, pure = (
-        statistics.median(m[k] for m in runs) for k in ("wall", "run_epoch", "pure")
+    host seconds and wall / pure (each round's is the median of its updates' own ratios),
+    and the median over rounds of this round's wall over the same round's wall at the
+    first thread count (``first``)."""
+    wall, run_epoch_s, pure, ratio = (
+        statistics.median(m[k] for m in runs) for k in ("wall", "run_epoch", "pure", "ratio")
     )
     vs_first = statistics.median(m["wall"] / f["wall"] for m, f in zip(runs, first, strict=True))
-    return wall, run_epoch_s, pure, vs_first
+    return wall, run_epoch_s, pure, ratio, vs_first
 
 
 def print_overhead(
@@ -275,10 +305,10 @@ def print_overhead(
                     )
             torch.set_num_threads(default_threads)
             for count, runs in cases.items():
-                wall, run_epoch_s, pure, vs_first = summarise(runs, cases[counts[0]])
+                wall, run_epoch_s, pure, ratio, vs_first = summarise(runs, cases[counts[0]])
                 print(
                     f"{host:>11} | {n:>6} | {count:>7} | {runs[0]['workers']:>7} | "
                     f"{wall:>13.3f} | {run_epoch_s:>11.3f} | {pure:>11.3f} | "
-                    f"{wall / pure:>5.3f} | {vs_first:>15.3f}",
+                    f"{ratio:>5.3f} | {vs_first:>15.3f}",
                     flush=True,
                 )

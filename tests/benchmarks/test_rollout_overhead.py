@@ -66,14 +66,43 @@ def test_pure_host_compute_trains_each_env_on_the_share_run_epoch_gives_it(
 def test_each_round_s_thread_ratio_pairs_fits_that_ran_side_by_side() -> None:
     """A machine that slows between rounds must not bend the per-thread ratio."""
     bench = _load()
-    one = [{"wall": w, "run_epoch": w, "pure": w} for w in (10.0, 20.0, 30.0)]
-    two = [{"wall": w, "run_epoch": w - 1, "pure": w - 2} for w in (6.0, 13.0, 15.0)]
-    wall, run_epoch_s, pure, vs_one = bench.summarise(two, one)
-    assert (wall, run_epoch_s, pure) == (13.0, 12.0, 11.0)
+    one = [{"wall": w, "run_epoch": w, "pure": w, "ratio": 1.0} for w in (10.0, 20.0, 30.0)]
+    two = [
+        {"wall": w, "run_epoch": w - 1, "pure": w - 2, "ratio": r}
+        for w, r in ((6.0, 1.2), (13.0, 1.1), (15.0, 1.3))
+    ]
+    wall, run_epoch_s, pure, ratio, vs_one = bench.summarise(two, one)
+    assert (wall, run_epoch_s, pure, ratio) == (13.0, 12.0, 11.0, 1.2)
     assert vs_one == pytest.approx(0.6)  # rounds give 0.6, 0.65, 0.5; medians alone 0.65
-    assert bench.summarise(one, one)[3] == 1.0
+    assert bench.summarise(one, one)[4] == 1.0
 
 
 def test_overhead_rounds_must_be_at_least_one() -> None:
     with pytest.raises(ValueError, match="rounds must be >= 1"):
         _load().print_overhead([4], 8, 1, 1, rounds=0)
+
+
+def test_the_figures_beside_each_epoch_leave_the_run_as_it_was() -> None:
+    """Pure and run_epoch are timed on copies right before the epoch; the run's hosts and
+    random streams come out as they went in, and both figures land in the current update."""
+    from esper.tolaria.data import DATAMODULES
+
+    bench = _load()
+    data = DATAMODULES.get("synthetic")(
+        input_shape=[1, 8, 8], n_classes=4, n_train=16, n_val=8, batch_size=8
+    )
+    timer = bench._UpdateTimer(warmup=0, data=data, workers=1, group=None)
+    timer.pure.append(0.0)
+    timer.run_epoch.append(0.0)
+    hosts = _hosts(4)
+    before = [copy.deepcopy(h.model.state_dict()) for h in hosts]
+    rng = torch.random.get_rng_state()
+
+    timer._measure_copies(hosts, pure_first=True)
+    timer._measure_copies(hosts, pure_first=False)
+
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    for host, state in zip(hosts, before, strict=True):
+        for name, value in host.model.state_dict().items():
+            assert torch.equal(value, state[name]), name
+    assert timer.pure[0] > 0.0 and timer.run_epoch[0] > 0.0
