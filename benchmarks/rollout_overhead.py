@@ -100,17 +100,23 @@ class _UpdateTimer(L.Callback):
         if trainer.current_epoch >= self.warmup:
             self.seconds.append(time.perf_counter() - self._start - self._excluded)
 
-    def _measure_copies(self, hosts: list[GrowingHost], pure_first: bool) -> None:
-        """Pure compute and ``run_epoch`` of this epoch on copies of ``hosts``, leaving the
-        run's hosts and random streams as they were."""
-        pure_hosts, epoch_hosts = copy.deepcopy(hosts), copy.deepcopy(hosts)
-        with torch.random.fork_rng():  # iterating a loader draws its base seed
-            if self._batches is None:
+    def batches(self) -> tuple[list[Batch], list[Batch]]:
+        """The host train and validation batches, collated once; the run's random streams
+        are left as they were (iterating a loader draws its base seed from them)."""
+        if self._batches is None:
+            with torch.random.fork_rng():
                 self._batches = (
                     list(self.data.host_train_dataloader()),
                     list(self.data.host_val_dataloader()),
                 )
-            train, val = self._batches
+        return self._batches
+
+    def _measure_copies(self, hosts: list[GrowingHost], pure_first: bool) -> None:
+        """Pure compute and ``run_epoch`` of this epoch on copies of ``hosts``, leaving the
+        run's hosts and random streams as they were."""
+        train, val = self.batches()
+        pure_hosts, epoch_hosts = copy.deepcopy(hosts), copy.deepcopy(hosts)
+        with torch.random.fork_rng():
             for kind in ("pure", "run_epoch") if pure_first else ("run_epoch", "pure"):
                 if kind == "pure":
                     seconds = pure_host_compute([pure_hosts], train, val, self.workers, self.group)
@@ -200,7 +206,7 @@ def run_epoch_compute(
     return time.perf_counter() - start
 
 
-def overhead_case(
+def fit_case(
     host: str,
     n_envs: int,
     episode_epochs: int,
@@ -208,8 +214,10 @@ def overhead_case(
     warmup: int,
     seed: int,
     cpu_workers: int | None = None,
-) -> dict[str, float]:
-    """Median wall per update, median pure host compute per update, for one case."""
+    timer_class: type[_UpdateTimer] | None = None,
+) -> _UpdateTimer:
+    """One case's ``Trainer.fit`` with ``timer_class`` (default :class:`_UpdateTimer`)
+    watching it; returns the timer."""
     L.seed_everything(seed, verbose=False)
     module = PPOModule(n_envs=n_envs, episode_epochs=episode_epochs, host_kwargs=HOSTS[host])
     module.env_config = replace(module.env_config, cpu_workers=cpu_workers)
@@ -225,7 +233,7 @@ def overhead_case(
         batch_size=IMAGES_PER_ENV_STEP * (group or n_envs),
     )
     workers = resolve_workers(module.env_config.cpu_workers, n_envs)
-    timer = _UpdateTimer(warmup, data, workers, group)
+    timer = (timer_class or _UpdateTimer)(warmup, data, workers, group)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = L.Trainer(
             default_root_dir=tmp,
@@ -239,13 +247,27 @@ def overhead_case(
         )
         trainer.fit(module, datamodule=data)
     assert module.env is not None and module.env.config.paired_group == group
+    return timer
+
+
+def overhead_case(
+    host: str,
+    n_envs: int,
+    episode_epochs: int,
+    updates: int,
+    warmup: int,
+    seed: int,
+    cpu_workers: int | None = None,
+) -> dict[str, float]:
+    """Median wall per update, median pure host compute per update, for one case."""
+    timer = fit_case(host, n_envs, episode_epochs, updates, warmup, seed, cpu_workers)
     return {
         "wall": statistics.median(timer.seconds),
         "pure": statistics.median(timer.pure),
         "run_epoch": statistics.median(timer.run_epoch),
         "ratio": statistics.median(w / p for w, p in zip(timer.seconds, timer.pure, strict=True)),
-        "workers": workers,
-        "group": group,
+        "workers": timer.workers,
+        "group": timer.group,
     }
 
 

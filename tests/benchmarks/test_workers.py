@@ -1,0 +1,66 @@
+"""benchmarks/workers.py times the pure host compute itself in threads and in processes."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+from tests.benchmarks.test_rollout_overhead import _hosts
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load():  # type: ignore[no-untyped-def]
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec = importlib.util.spec_from_file_location("workers", BENCHMARKS / "workers.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def _work():  # type: ignore[no-untyped-def]
+    g = torch.Generator().manual_seed(0)
+    train = [(torch.randn(8, 1, 8, 8, generator=g), torch.randint(0, 4, (8,))) for _ in range(3)]
+    val = [(torch.randn(6, 1, 8, 8, generator=g), torch.randint(0, 4, (6,)))]
+    return train, val
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for name, value in a.items():
+        assert torch.equal(value, b[name]), name
+
+
+def test_threads_and_processes_train_what_the_sequential_pure_compute_trains() -> None:
+    """Same hosts, batches and shares: every split ends bit-identical to one after another."""
+    bench = _load()
+    train, val = _work()
+    epochs = [_hosts(4), _hosts(4)]
+    sequential, in_threads = copy.deepcopy(epochs), copy.deepcopy(epochs)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        bench.pure_host_compute(sequential, train, val, 1, 2)
+    finally:
+        torch.set_num_threads(previous)
+
+    bench.threads_fixed_split(in_threads, train, val, 2, workers=2)
+    seconds, states = bench.processes_fixed_split(epochs, train, val, 2, 2, send_hosts=True)
+
+    assert seconds > 0.0
+    for e, hosts in enumerate(sequential):
+        for i, host in enumerate(hosts):
+            _same(host.model.state_dict(), in_threads[e][i].model.state_dict())
+            _same(host.model.state_dict(), states[e][i])
+
+
+def test_envs_split_round_robin_over_the_workers() -> None:
+    assert _load()._split(5, 2) == [[0, 2, 4], [1, 3]]
