@@ -115,15 +115,13 @@ class _UpdateTimer(L.Callback):
         """Pure compute and ``run_epoch`` of this epoch on copies of ``hosts``, leaving the
         run's hosts and random streams as they were."""
         train, val = self.batches()
-        pure_hosts, epoch_hosts = copy.deepcopy(hosts), copy.deepcopy(hosts)
+        figures = [
+            (self.pure, pure_host_compute, copy.deepcopy(hosts)),
+            (self.run_epoch, run_epoch_compute, copy.deepcopy(hosts)),
+        ]
         with torch.random.fork_rng():
-            for kind in ("pure", "run_epoch") if pure_first else ("run_epoch", "pure"):
-                if kind == "pure":
-                    seconds = pure_host_compute([pure_hosts], train, val, self.workers, self.group)
-                    self.pure[-1] += seconds
-                else:
-                    seconds = run_epoch_compute([epoch_hosts], train, val, self.workers, self.group)
-                    self.run_epoch[-1] += seconds
+            for into, compute, copies in figures if pure_first else figures[::-1]:
+                into[-1] += compute([copies], train, val, self.workers, self.group)
 
 
 def _pure_step(host: GrowingHost, i: int, n: int, b: int, batch: Batch, group: int | None) -> None:
