@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,23 +11,12 @@ from esper.contracts import BlendMode
 from esper.kasmina import CNNHost, GrowingHost, OptimConfig
 from esper.kasmina.lifecycle import GateSignals
 from esper.tolaria.epoch import run_epoch
+from tests.benchmarks.loading import load_benchmark
 from tests.kasmina.factories import FAST
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _load():  # type: ignore[no-untyped-def]
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "rollout_overhead", BENCHMARKS / "rollout_overhead.py"
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return load_benchmark("rollout_overhead")
 
 
 def _hosts(n: int) -> list[GrowingHost]:

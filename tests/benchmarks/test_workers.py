@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
-import sys
-from pathlib import Path
 
 import torch
 
+from tests.benchmarks.loading import load_benchmark
 from tests.benchmarks.test_rollout_overhead import _hosts
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _load():  # type: ignore[no-untyped-def]
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location("workers", BENCHMARKS / "workers.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return load_benchmark("workers")
 
 
 def _work():  # type: ignore[no-untyped-def]
