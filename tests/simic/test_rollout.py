@@ -97,3 +97,31 @@ def test_cuda_rollout_reads_the_device_once_per_host_epoch(n_envs: int) -> None:
     assert counter.count == EPISODE_EPOCHS, counter.report()
     assert summary.packed_transfers == counter.count
     assert batch.advantages.device.type == "cuda"
+
+
+def test_the_policy_acts_and_bootstraps_at_its_own_thread_count() -> None:
+    """``policy_threads`` holds for the controller's act and value, and only for them."""
+    col = collector(small_env(2, EPISODE_EPOCHS))
+    col.policy_threads = 1
+    seen: list[tuple[str, int]] = []
+    policy = col.policy
+    act, value = col._act, policy.value
+
+    def counting_act(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(("act", torch.get_num_threads()))
+        return act(*args, **kwargs)
+
+    def counting_value(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(("value", torch.get_num_threads()))
+        return value(*args, **kwargs)
+
+    col._act = counting_act
+    policy.value = counting_value  # type: ignore[method-assign]
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        col.collect(0)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(previous)
+    assert seen == [("act", 1)] * (EPISODE_EPOCHS - 1) + [("value", 1)]

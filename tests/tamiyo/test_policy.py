@@ -267,6 +267,8 @@ def test_shapes() -> None:
         ("encoder_layers", 1.5),
         ("policy_head_init_gain", 0.0),
         ("prune_logit_init", float("nan")),
+        ("cpu_threads", 0),
+        ("cpu_threads", 1.0),
     ],
 )
 def test_policy_config_rejects_bad_values(field: str, value: object) -> None:

@@ -46,6 +46,7 @@ from esper.simic.schedules import entropy_coef_at, learning_rate_at
 from esper.simic.update_metrics import PROGRESS_BAR_METRICS, rollout_metrics
 from esper.simic.validation import CONFIG_KEYS, check_ent_coef_final, validate_run
 from esper.tamiyo.policy import PolicyConfig, PolicyNetwork
+from esper.tamiyo.threads import intra_op_threads
 from esper.tolaria.data.base import HostDataModule
 
 #: Host arguments a run takes when it is given none: the hosts start small, so growth has
@@ -236,6 +237,7 @@ class PPOModule(LightningModule):
             self.ppo_config.gamma,
             self.ppo_config.gae_lambda,
             compile=self.env_config.compile,
+            policy_threads=self.policy_config.cpu_threads,
         )
         self.collector.seed_stride, self.collector.seed_offset = world, rank
         self.collector.set_governor(self._governor())
@@ -292,15 +294,16 @@ class PPOModule(LightningModule):
         lr = self._lr()
         for group in optimizer.param_groups:  # type: ignore[union-attr]
             group["lr"] = lr
-        stats = ppo_update(
-            self.policy,
-            optimizer,  # type: ignore[arg-type]
-            self._batch,
-            self.ppo_config,
-            ent_coef=self._ent_coef(),
-            generator=self._generator,
-            backward=self.manual_backward,
-        )
+        with intra_op_threads(self.policy_config.cpu_threads):
+            stats = ppo_update(
+                self.policy,
+                optimizer,  # type: ignore[arg-type]
+                self._batch,
+                self.ppo_config,
+                ent_coef=self._ent_coef(),
+                generator=self._generator,
+                backward=self.manual_backward,
+            )
         names = sorted(stats)
         values = read_packed(torch.stack([stats[n].float() for n in names]))
         metrics = {f"ppo/{n}": float(v) for n, v in zip(names, values, strict=True)}

@@ -39,6 +39,7 @@ from esper.simic.ppo_batch import PPOBatch
 from esper.simic.rewards import total
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.policy import ActResult, LSTMState
+from esper.tamiyo.threads import intra_op_threads
 from esper.tolaria.snapshot import HostSnapshot
 
 StepHook = Callable[[StepBatch], None]
@@ -73,6 +74,7 @@ class RolloutCollector:
         gamma: float,
         gae_lambda: float,
         compile: bool = False,
+        policy_threads: int | None = None,
     ) -> None:
         if buffer.n_steps != env.decisions_per_episode or buffer.n_envs != env.n_envs:
             raise ValueError(
@@ -87,6 +89,8 @@ class RolloutCollector:
         self.gae_lambda = gae_lambda
         #: The controller's act, through torch.compile when asked (one graph for all envs).
         self._act = torch.compile(policy.act) if compile else policy.act
+        #: Intra-op threads for the controller's act and value on the CPU (None: torch's).
+        self.policy_threads = policy_threads
         #: Under data parallelism, an all-reduce (sum) over ranks for the normaliser's
         #: per-rollout statistics; None on one process.
         self.reduce_sum: Callable[[Tensor], Tensor] | None = None
@@ -200,7 +204,8 @@ class RolloutCollector:
                 raw_obs, masks = env.observe()
                 obs = self.normalizer(raw_obs)
                 acted_from = hidden
-                act: ActResult = self._act(obs, hidden, masks, deterministic=deterministic)
+                with intra_op_threads(self.policy_threads):
+                    act: ActResult = self._act(obs, hidden, masks, deterministic=deterministic)
                 packed = torch.cat(
                     [
                         act.actions.float(),
@@ -254,7 +259,8 @@ class RolloutCollector:
 
             # The episode's last epoch: one batched critic pass for the bootstrap, one read.
             raw_obs, _ = env.observe()
-            bootstrap = policy.value(self.normalizer(raw_obs), hidden)
+            with intra_op_threads(self.policy_threads):
+                bootstrap = policy.value(self.normalizer(raw_obs), hidden)
             host = read_packed(
                 torch.cat([bootstrap[:, None].float(), env.metrics(), self._panic_column()], dim=1)
             )

@@ -55,6 +55,9 @@ class PolicyConfig:
         value_head_init_gain: gain of the orthogonal initialisation of the value head.
         prune_logit_init: initial bias of the PRUNE op's logit: 0 starts uniform, below 0
             makes pruning rarer at first so seeds live long enough to be judged.
+        cpu_threads: intra-op threads for the policy's act, value and PPO update on the
+            CPU (``esper.tamiyo.threads``); null keeps torch's count. Raise it for a policy
+            large enough to keep more cores busy.
     """
 
     hidden_size: int = 128
@@ -69,9 +72,14 @@ class PolicyConfig:
     #: be judged, and PPO raises it where pruning pays. 0 gives the uniform start; -2
     #: makes PRUNE about 7 times less likely than each other op (benchmarks/README.md).
     prune_logit_init: float = -2.0
+    #: One thread: the policy acts on a row per env, and a second thread woken after each
+    #: host epoch stalled acts by up to 37 ms on a 2-core VM (``esper.tamiyo.threads``).
+    cpu_threads: int | None = 1
 
     def __post_init__(self) -> None:
         with owned_by(self):
+            if self.cpu_threads is not None:
+                require_int("cpu_threads", self.cpu_threads, 1, hint="or null for torch's count")
             for name in ("hidden_size", "lstm_layers", "encoder_layers"):
                 require_int(name, getattr(self, name), 1)
             for name in ("hidden_init_gain", "policy_head_init_gain", "value_head_init_gain"):

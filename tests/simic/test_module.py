@@ -1,0 +1,50 @@
+"""PPOModule runs the policy's side of an update at the policy's own thread count."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+import esper.simic.module as module_source
+from esper.simic.module import PPOModule
+from tests.simic.envs import small_data
+
+
+def test_the_ppo_update_and_the_collector_take_the_policy_s_cpu_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    L.seed_everything(0, verbose=False)
+    module = PPOModule(
+        n_envs=2,
+        episode_epochs=3,
+        host_kwargs={"channels": [4, 8]},
+        policy={"hidden_size": 16, "cpu_threads": 1},
+    )
+    update = module_source.ppo_update
+    counts: list[int] = []
+
+    def counting_update(*args, **kwargs):  # type: ignore[no-untyped-def]
+        counts.append(torch.get_num_threads())
+        return update(*args, **kwargs)
+
+    monkeypatch.setattr(module_source, "ppo_update", counting_update)
+    trainer = L.Trainer(
+        max_epochs=1,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        trainer.fit(module, datamodule=small_data())
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(previous)
+    assert counts == [1]
+    assert module.collector is not None and module.collector.policy_threads == 1
