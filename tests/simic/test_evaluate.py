@@ -132,6 +132,27 @@ def test_the_heuristic_acts_on_raw_observations_and_the_policy_on_normalised_one
         assert all(same) if name == "heuristic" else not any(same)
 
 
+def test_the_learned_policy_acts_at_its_own_thread_count_as_in_training(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counts: list[int] = []
+    act = PolicyNetwork.act
+
+    def counting(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        counts.append(torch.get_num_threads())
+        return act(self, *args, **kwargs)
+
+    monkeypatch.setattr(PolicyNetwork, "act", counting)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        evaluate(checkpoint, episodes=1, controllers=("learned",))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(previous)
+    assert counts and set(counts) == {1}  # PolicyConfig.cpu_threads' default
+
+
 def test_paired_difference_has_a_standard_error() -> None:
     mean, se = standard_error_of_difference((0.9, 0.8, 0.85), (0.8, 0.8, 0.8))
     assert mean == pytest.approx(0.05)

@@ -91,6 +91,7 @@ def run_episodes(
     gae_lambda: float,
     device: str = "cpu",
     deterministic: bool = True,
+    policy_threads: int | None = None,
 ) -> Episodes:
     """Run ``episodes`` fresh episodes under one controller, ``config.n_envs`` at a time.
 
@@ -98,6 +99,8 @@ def run_episodes(
     controller (all are keyed by ``EVAL_SEED_BASE + seed + g``), so episodes of two
     controllers are paired. ``normalizer`` (the learned policy's) is used, never updated;
     None hands the controller the raw observations, as every untrained one expects.
+    ``policy_threads``: intra-op threads for the controller's act and value on the CPU, as
+    in training (``PolicyConfig.cpu_threads``; None: torch's count).
     """
     collector_normalizer: RunningObsNormalizer | RawObservations = (
         RawObservations() if normalizer is None else normalizer
@@ -117,7 +120,13 @@ def run_episodes(
             group, env.decisions_per_episode, env.layout.dim, env.schema, state_shape, device
         )
         collector = RolloutCollector(
-            env, controller, collector_normalizer, buffer, gamma, gae_lambda
+            env,
+            controller,
+            collector_normalizer,
+            buffer,
+            gamma,
+            gae_lambda,
+            policy_threads=policy_threads,
         )
         collector.seed_offset = seed_g  # seeds planted from generators training never used
         collector.seed_stride = 0

@@ -242,6 +242,7 @@ def evaluate(
             gae_lambda=module.ppo_config.gae_lambda,
             device=device,
             deterministic=not (sample and name == "learned"),
+            policy_threads=module.policy_config.cpu_threads,
         )
         acc = run.per_episode["final_val_acc"]
         results.append(
