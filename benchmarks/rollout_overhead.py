@@ -100,6 +100,18 @@ class _UpdateTimer(L.Callback):
         if trainer.current_epoch >= self.warmup:
             self.seconds.append(time.perf_counter() - self._start - self._excluded)
 
+    def medians(self) -> dict[str, float]:
+        """The case's figures: median wall, pure and run_epoch seconds per update, the
+        median of each update's own wall / pure, and the workers and paired group."""
+        return {
+            "wall": statistics.median(self.seconds),
+            "pure": statistics.median(self.pure),
+            "run_epoch": statistics.median(self.run_epoch),
+            "ratio": statistics.median(w / p for w, p in zip(self.seconds, self.pure, strict=True)),
+            "workers": self.workers,
+            "group": self.group,
+        }
+
     def batches(self) -> tuple[list[Batch], list[Batch]]:
         """The host train and validation batches, collated once; the run's random streams
         are left as they were (iterating a loader draws its base seed from them)."""
@@ -248,27 +260,6 @@ def fit_case(
     return timer
 
 
-def overhead_case(
-    host: str,
-    n_envs: int,
-    episode_epochs: int,
-    updates: int,
-    warmup: int,
-    seed: int,
-    cpu_workers: int | None = None,
-) -> dict[str, float]:
-    """Median wall per update, median pure host compute per update, for one case."""
-    timer = fit_case(host, n_envs, episode_epochs, updates, warmup, seed, cpu_workers)
-    return {
-        "wall": statistics.median(timer.seconds),
-        "pure": statistics.median(timer.pure),
-        "run_epoch": statistics.median(timer.run_epoch),
-        "ratio": statistics.median(w / p for w, p in zip(timer.seconds, timer.pure, strict=True)),
-        "workers": timer.workers,
-        "group": timer.group,
-    }
-
-
 def summarise(
     runs: list[dict[str, float]], first: list[dict[str, float]]
 ) -> tuple[float, float, float, float, float]:
@@ -321,7 +312,7 @@ def print_overhead(
                 for count in counts:
                     torch.set_num_threads(count)
                     cases[count].append(
-                        overhead_case(host, n, episode_epochs, updates, warmup, 0, cpu_workers)
+                        fit_case(host, n, episode_epochs, updates, warmup, 0, cpu_workers).medians()
                     )
             torch.set_num_threads(default_threads)
             for count, runs in cases.items():

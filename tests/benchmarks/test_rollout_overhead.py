@@ -92,3 +92,13 @@ def test_the_figures_beside_each_epoch_leave_the_run_as_it_was() -> None:
         for name, value in host.model.state_dict().items():
             assert torch.equal(value, state[name]), name
     assert timer.pure[0] > 0.0 and timer.run_epoch[0] > 0.0
+
+
+def test_wall_over_pure_is_the_median_of_each_update_s_own_ratio() -> None:
+    """A machine that drifts between updates must not bend wall / pure either."""
+    timer = _load()._UpdateTimer(warmup=0, data=None, workers=2, group=4)
+    timer.seconds, timer.pure, timer.run_epoch = [2.2, 4.4, 3.0], [2.0, 4.0, 2.0], [2.1, 4.1, 2.5]
+    figures = timer.medians()
+    assert (figures["wall"], figures["pure"], figures["run_epoch"]) == (3.0, 2.0, 2.5)
+    assert figures["ratio"] == pytest.approx(1.1)  # ratios 1.1, 1.1, 1.5; medians alone 1.5
+    assert (figures["workers"], figures["group"]) == (2, 4)
