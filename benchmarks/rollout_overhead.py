@@ -44,7 +44,7 @@ from esper.callbacks import CALLBACKS
 from esper.callbacks.checkpoint import EsperCheckpointIO
 from esper.cli.options import DEFAULT_CALLBACKS
 from esper.kasmina import GrowingHost
-from esper.kasmina.incubation import incubating_slots, incubation_loss, recording_start
+from esper.kasmina.incubation import IncubationPass, incubating_slots, recording_start
 from esper.simic.module import DEFAULT_HOST_KWARGS, PPOModule
 from esper.tolaria.data import DATAMODULES
 from esper.tolaria.epoch import env_share, run_epoch
@@ -136,18 +136,33 @@ class _UpdateTimer(L.Callback):
                 into[-1] += compute([copies], train, val, self.workers, self.group)
 
 
-def _pure_step(host: GrowingHost, i: int, n: int, b: int, batch: Batch, group: int | None) -> None:
+def incubation_of(host: GrowingHost) -> IncubationPass | None:
+    """The host's seed-only pass for one epoch, built once as ``run_epoch`` builds it
+    (None: no seed in TRAINING)."""
+    slots = incubating_slots(host.model)
+    return IncubationPass(host.model, slots) if slots else None
+
+
+def _pure_step(
+    host: GrowingHost,
+    incubation: IncubationPass | None,
+    i: int,
+    n: int,
+    b: int,
+    batch: Batch,
+    group: int | None,
+) -> None:
     """Env ``i`` of ``n`` trains on its share of batch ``b``: compute only."""
     xe, ye = env_share(batch, b, i, n, group)
     model = host.model
     with torch.enable_grad():
         host.zero_grad()
-        incubating = incubating_slots(model)
-        with recording_start(model, incubating) as start:
+        slots = [] if incubation is None else incubation.slots
+        with recording_start(model, slots) as start:
             loss = model.loss_and_correct(model(xe), ye)[0]
         loss.backward()
-        if incubating:
-            incubation_loss(model, incubating, xe, ye, start).backward()
+        if incubation is not None:
+            incubation.loss(xe, ye, start).backward()
         host.step()
 
 
@@ -165,9 +180,10 @@ def _pure_epoch_in_workers(
     hosts: list[GrowingHost], train: list[Batch], val: list[Batch], workers: int, group: int | None
 ) -> None:
     n = len(hosts)
+    passes = [incubation_of(host) for host in hosts]
 
     def step(i: int, b: int, batch: Batch) -> None:
-        _pure_step(hosts[i], i, n, b, batch, group)
+        _pure_step(hosts[i], passes[i], i, n, b, batch, group)
 
     def finish(i: int, batches: list[Batch]) -> None:
         _pure_val(hosts[i], batches)
@@ -191,9 +207,10 @@ def pure_host_compute(
         for host in hosts:
             host.model.train()
         if workers == 1:
+            passes = [incubation_of(host) for host in hosts]
             for b, batch in enumerate(train):
                 for i, host in enumerate(hosts):
-                    _pure_step(host, i, n, b, batch, group)
+                    _pure_step(host, passes[i], i, n, b, batch, group)
             for host in hosts:
                 _pure_val(host, val)
             continue

@@ -45,6 +45,7 @@ from rollout_overhead import (
     _pure_val,
     _UpdateTimer,
     fit_case,
+    incubation_of,
     pure_host_compute,
 )
 
@@ -72,11 +73,12 @@ def train_share(
     """Envs ``envs`` of one epoch's ``hosts`` train and validate as the pure compute does,
     one after another per batch."""
     n = len(hosts)
+    passes = {i: incubation_of(hosts[i]) for i in envs}
     for i in envs:
         hosts[i].model.train()
     for b, batch in enumerate(train):
         for i in envs:
-            _pure_step(hosts[i], i, n, b, batch, group)
+            _pure_step(hosts[i], passes[i], i, n, b, batch, group)
     for i in envs:
         _pure_val(hosts[i], val)
 

@@ -9,7 +9,12 @@ import torch
 
 from esper.contracts import BlendMode, SeedStage
 from esper.kasmina import CNNHost, GrowingHost, HostModel, OptimConfig
-from esper.kasmina.incubation import incubating_slots, incubation_loss, recording_start
+from esper.kasmina.incubation import (
+    IncubationPass,
+    incubating_slots,
+    incubation_loss,
+    recording_start,
+)
 from esper.kasmina.lifecycle import GateSignals
 from tests.kasmina.factories import FAST, forward_backward, make_batch, make_host, train_backward
 
@@ -61,6 +66,66 @@ def test_incubation_reaches_only_the_training_seeds(kind: str) -> None:
         for p in grown.model.slot(slot_id).seed_parameters()
     )
     assert not grown.model.slot(slot_id).incubating, "the slot must leave incubation mode"
+
+
+def _functional_reference(grown: GrowingHost, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The pass written plainly: ``functional_call`` with every host parameter detached
+    and every host buffer cloned."""
+    slots = incubating_slots(grown.model)
+    seed_params = {id(p) for slot in slots for p in slot.seed_parameters()}
+    seed_buffers = {id(b) for slot in slots for b in slot.seed.buffers()}
+    tensors = {
+        name: p if id(p) in seed_params else p.detach()
+        for name, p in grown.model.named_parameters()
+    }
+    tensors.update(
+        {name: b if id(b) in seed_buffers else b.clone() for name, b in grown.model.named_buffers()}
+    )
+    for slot in slots:
+        slot.incubating = True
+    try:
+        out = torch.func.functional_call(grown.model, tensors, (x,))
+    finally:
+        for slot in slots:
+            slot.incubating = False
+    return grown.model.loss_and_correct(out, y)[0]
+
+
+@pytest.mark.parametrize("kind", ["cnn", "transformer"])
+def test_the_pass_equals_a_functional_call_with_the_host_detached(kind: str) -> None:
+    """Same loss, bit-identical seed gradients and buffers, over steps of one pass."""
+    mine, reference = _incubating_host(kind, [0, 1]), _incubating_host(kind, [0, 1])
+    the_pass = IncubationPass(mine.model, incubating_slots(mine.model))
+    for step in range(3):  # one pass serves every batch while the stages hold
+        x, y = make_batch(mine.model, n=6, seed=step)
+        for grown in (mine, reference):
+            grown.zero_grad()
+        loss = the_pass.loss(x, y)
+        expected = _functional_reference(reference, x, y)
+        loss.backward()
+        expected.backward()
+        assert torch.equal(loss, expected)
+        assert _seed_grads(mine).keys() == _seed_grads(reference).keys()
+        for name, grad in _seed_grads(reference).items():
+            assert torch.equal(_seed_grads(mine)[name], grad), name
+        for grown in (mine, reference):
+            grown.step()
+    theirs = dict(reference.model.named_buffers())
+    for name, b in mine.model.named_buffers():
+        assert torch.equal(b, theirs[name]), name
+    assert all(p.requires_grad for p in mine.model.parameters())
+
+
+def test_a_forward_that_raises_leaves_the_host_as_it_was() -> None:
+    grown = _incubating_host("cnn", [0])
+    params = {name: p.requires_grad for name, p in grown.model.named_parameters()}
+    buffers = dict(grown.model.named_buffers())
+    wrong = torch.zeros(2, 3, 8, 8)  # three channels into a one-channel host
+    with pytest.raises(ValueError, match="expects images"):
+        IncubationPass(grown.model, incubating_slots(grown.model)).loss(wrong, torch.zeros(2))
+    assert {n: p.requires_grad for n, p in grown.model.named_parameters()} == params
+    assert all(b is buffers[n] for n, b in grown.model.named_buffers())
+    assert not any(slot.incubating for slot in grown.model.iter_slots())
 
 
 def test_a_training_slot_passes_its_input_through_outside_incubation() -> None:

@@ -16,10 +16,10 @@ this pass.
 
 Gradient isolation holds: the host's step comes from its ordinary forward, in which a
 TRAINING slot passes its input through unchanged, so the host's gradients are exactly
-those of the host alone. This pass runs the model functionally with every host
-parameter detached and every host buffer cloned (BatchNorm's running statistics do not
-see it), so only the incubating seeds' parameters get gradients, and only their own
-buffers update. It costs one more forward and a seed-only backward per batch, and only
+those of the host alone. This pass runs the model with every host parameter taken out
+of autograd (``requires_grad`` off for the forward) and every host buffer put back as it
+was afterwards (BatchNorm's running statistics do not see it), so only the incubating
+seeds' parameters get gradients, and only their own buffers update. It costs one more forward and a seed-only backward per batch, and only
 while some slot of the host has a seed in TRAINING. The forward starts at the first
 incubating slot, from what reached it in the host's own forward of the same batch
 (:func:`recording_start`): the layers before it would compute exactly that again, since
@@ -71,18 +71,6 @@ class IncubationStart:
     slot_input: Tensor | None = None
 
 
-class _FromSlot(nn.Module):
-    """``host.forward_from_slot(index, h)`` as a forward, for ``functional_call``."""
-
-    def __init__(self, host: HostModel, index: int) -> None:
-        super().__init__()
-        self.host = host
-        self.index = index
-
-    def forward(self, h: Tensor) -> Tensor:
-        return self.host.forward_from_slot(self.index, h)
-
-
 def resumes_at_slots(model: HostModel) -> bool:
     """Whether the host can run its forward from a slot (it overrides ``forward_from_slot``)."""
     return type(model).forward_from_slot is not HostModel.forward_from_slot
@@ -115,6 +103,68 @@ def recording_start(
         handle.remove()
 
 
+class IncubationPass:
+    """The seed-only pass of one host's incubating ``slots``, for as long as their stages
+    hold (an epoch: lifecycle ops run between epochs).
+
+    Which parameters and buffers are the host's is listed once, not per batch. The pass
+    runs the host's own modules: ``functional_call`` with detached host parameters and
+    cloned buffers computes the same, but swapping every module attribute in and out cost
+    more Python per batch than the pass's forward itself, and a train step's Python holds
+    the interpreter lock the worker threads share (``esper.tolaria.parallel``). The
+    host's flags and buffers are restored even when the forward raises.
+    """
+
+    def __init__(self, model: HostModel, slots: Sequence[SeedSlot]) -> None:
+        self.model = model
+        self.slots = list(slots)
+        seed_params = {id(p) for slot in self.slots for p in slot.seed_parameters()}
+        seed_buffers = {
+            id(b) for slot in self.slots if slot.seed is not None for b in slot.seed.buffers()
+        }
+        self._host_params = [p for p in model.parameters() if id(p) not in seed_params]
+        #: Where each host buffer sits: the pass swaps a clone in (the forward updates
+        #: it, and the seed's backward may need it unchanged), then the buffer back.
+        self._host_buffers = [
+            (module._buffers, name)
+            for module in model.modules()
+            for name, b in module._buffers.items()
+            if b is not None and id(b) not in seed_buffers
+        ]
+
+    def loss(self, x: Tensor, y: Tensor, start: IncubationStart | None = None) -> Tensor:
+        """The host's loss on ``(x, y)`` with each seed added at alpha 1 (see
+        :func:`incubation_loss`)."""
+        slot_input = None if start is None else start.slot_input
+        if slot_input is not None and slot_input.shape[0] != x.shape[0]:
+            raise ValueError(
+                f"the recorded slot input holds {slot_input.shape[0]} samples but the batch "
+                f"holds {x.shape[0]}; record the start in the host's forward of this batch "
+                "(recording_start)"
+            )
+        buffers = [where[name] for where, name in self._host_buffers]
+        tracked = [p.requires_grad for p in self._host_params]
+        try:
+            with torch.no_grad():
+                for (where, name), b in zip(self._host_buffers, buffers, strict=True):
+                    where[name] = b.clone()
+            for p in self._host_params:
+                p.requires_grad_(False)
+            with _incubating(self.slots):
+                if slot_input is None:
+                    outputs = self.model(x)
+                else:
+                    assert start is not None
+                    outputs = self.model.forward_from_slot(start.index, slot_input)
+        finally:
+            for p, flag in zip(self._host_params, tracked, strict=True):
+                p.requires_grad_(flag)
+            for (where, name), b in zip(self._host_buffers, buffers, strict=True):
+                where[name] = b
+        loss, _, _ = self.model.loss_and_correct(outputs, y)
+        return loss
+
+
 def incubation_loss(
     model: HostModel,
     slots: Sequence[SeedSlot],
@@ -126,28 +176,7 @@ def incubation_loss(
 
     Its graph reaches only those seeds' parameters (see the module docstring), so
     ``backward()`` on it trains them and leaves every host gradient as it was. With a
-    recorded ``start`` (:func:`recording_start`) the forward begins at that slot.
+    recorded ``start`` (:func:`recording_start`) the forward begins at that slot. For
+    many batches of one epoch, build an :class:`IncubationPass` once instead.
     """
-    seed_params = {id(p) for slot in slots for p in slot.seed_parameters()}
-    seed_buffers = {id(b) for slot in slots if slot.seed is not None for b in slot.seed.buffers()}
-    tensors: dict[str, Tensor] = {
-        name: p if id(p) in seed_params else p.detach() for name, p in model.named_parameters()
-    }
-    tensors.update(
-        {name: b if id(b) in seed_buffers else b.clone() for name, b in model.named_buffers()}
-    )
-    with _incubating(slots):
-        if start is None or start.slot_input is None:
-            outputs = torch.func.functional_call(model, tensors, (x,))
-        else:
-            if start.slot_input.shape[0] != x.shape[0]:
-                raise ValueError(
-                    f"the recorded slot input holds {start.slot_input.shape[0]} samples but the "
-                    f"batch holds {x.shape[0]}; record the start in the host's forward of "
-                    "this batch (recording_start)"
-                )
-            resumed = _FromSlot(model, start.index)
-            tensors = {f"host.{name}": t for name, t in tensors.items()}
-            outputs = torch.func.functional_call(resumed, tensors, (start.slot_input,))
-    loss, _, _ = model.loss_and_correct(outputs, y)
-    return loss
+    return IncubationPass(model, slots).loss(x, y, start)

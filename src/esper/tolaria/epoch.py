@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from esper.kasmina.growing_host import GrowingHost
 from esper.kasmina.hosts.base import HostModel
-from esper.kasmina.incubation import incubating_slots, incubation_loss, recording_start
+from esper.kasmina.incubation import IncubationPass, incubating_slots, recording_start
 from esper.tolaria.counterfactual import validate_with_counterfactuals
 from esper.tolaria.parallel import resolve_workers, run_env_steps
 from esper.tolaria.streams import env_streams as _env_streams
@@ -79,15 +79,39 @@ class EpochResult:
 
 @dataclass
 class _EnvAccumulator:
-    """One env's running sums, written only on that env's stream."""
+    """One env's running sums, written only on that env's stream.
+
+    The seeds an epoch trains are listed once, at its start: lifecycle ops run between
+    epochs, never inside one. Each step then checks every seed gradient in three ops
+    (one ``_foreach_norm`` over them all) instead of a norm per slot: a step's Python
+    holds the interpreter lock that the worker threads share (``esper.tolaria.parallel``).
+    """
 
     loss_sum: Tensor
     correct: Tensor
     loss_finite: Tensor
-    grads_finite: Tensor  # [S] bool
+    #: ``[S]`` all-True: the flag of a slot that trains no seed.
+    no_seed_flags: Tensor
+    #: Parameters of the seeds trained this epoch (slots with a seed optimizer).
+    seed_params: list[nn.Parameter]
+    #: Per slot with a trained seed: its index and its parameters' span in ``seed_params``.
+    seed_spans: list[tuple[int, slice]]
+    #: ``[len(seed_params)]`` bool: every gradient of that parameter was finite so far.
+    params_finite: Tensor
+    #: A finite stand-in for a parameter that got no gradient this step.
+    no_grad: Tensor
+    #: The seed-only pass of the seeds in TRAINING (None: no slot has one).
+    incubation: IncubationPass | None
     seen: int = 0
     #: Set when the env ran out of memory and sat out the rest of the epoch's training.
     skipped: bool = False
+
+    def seed_grads_finite(self) -> Tensor:
+        """``[S]`` bool: every gradient of the slot's trained seed was finite this epoch."""
+        flags = self.no_seed_flags.clone()
+        for s, span in self.seed_spans:
+            flags[s] = self.params_finite[span].all()
+        return flags
 
 
 def run_epoch(
@@ -188,7 +212,7 @@ def run_epoch(
         val_acc=val_acc,
         cf_val_acc=cf_acc,
         loss_finite=gather([a.loss_finite for a in train]),
-        seed_grads_finite=gather([a.grads_finite for a in train]),
+        seed_grads_finite=gather([a.seed_grads_finite() for a in train]),
         skipped_envs=tuple(i for i, a in enumerate(train) if a.skipped),
     )
 
@@ -205,16 +229,30 @@ class _Options:
 
 
 def _accumulators(envs: Sequence[GrowingHost]) -> list[_EnvAccumulator]:
-    n_slots = len(envs[0].slot_ids)
-    return [
-        _EnvAccumulator(
-            loss_sum=torch.zeros((), device=env.device),
-            correct=torch.zeros((), device=env.device, dtype=torch.long),
-            loss_finite=torch.ones((), device=env.device, dtype=torch.bool),
-            grads_finite=torch.ones(n_slots, device=env.device, dtype=torch.bool),
-        )
-        for env in envs
-    ]
+    return [_accumulator(env) for env in envs]
+
+
+def _accumulator(env: GrowingHost) -> _EnvAccumulator:
+    params: list[nn.Parameter] = []
+    spans: list[tuple[int, slice]] = []
+    for s, slot_id in enumerate(env.slot_ids):
+        if slot_id in env.seed_optimizers:
+            mine = list(env.model.slot(slot_id).seed_parameters())
+            spans.append((s, slice(len(params), len(params) + len(mine))))
+            params.extend(mine)
+    device = env.device
+    incubating = incubating_slots(env.model)
+    return _EnvAccumulator(
+        loss_sum=torch.zeros((), device=device),
+        correct=torch.zeros((), device=device, dtype=torch.long),
+        loss_finite=torch.ones((), device=device, dtype=torch.bool),
+        no_seed_flags=torch.ones(len(env.slot_ids), device=device, dtype=torch.bool),
+        seed_params=params,
+        seed_spans=spans,
+        params_finite=torch.ones(len(params), device=device, dtype=torch.bool),
+        no_grad=torch.zeros((), device=device),
+        incubation=IncubationPass(env.model, incubating) if incubating else None,
+    )
 
 
 def _train(
@@ -355,21 +393,21 @@ def _train_step(
     autocast = torch.autocast(
         env.device.type, dtype=options.amp_dtype, enabled=options.amp_dtype is not None
     )
-    incubating = incubating_slots(env.model)
+    incubation = acc.incubation
     # A compiled forward keeps its graph: no hook to record where incubation starts.
-    recorded = [] if options.compiled else incubating
+    recorded = [] if options.compiled or incubation is None else incubation.slots
     with autocast, recording_start(env.model, recorded) as start:
         loss, correct = options.forward_loss(env.model, x, y)
     count = y.numel()
     scaler = options.scalers.get(env.device) if options.scalers is not None else None
     (loss if scaler is None else scaler.scale(loss)).backward()
-    if incubating:
+    if incubation is not None:
         # TRAINING seeds learn from their own pass; it adds gradients to them alone.
         with autocast:
-            seed_loss = incubation_loss(env.model, incubating, x, y, start)
+            seed_loss = incubation.loss(x, y, start)
         (seed_loss if scaler is None else scaler.scale(seed_loss)).backward()
     if scaler is None:
-        _update_grad_flags(env, acc.grads_finite)
+        _update_grad_flags(acc)
         env.step()
     else:
         # fp16: one GradScaler per device. Its step() reads the overflow flag on the host
@@ -377,7 +415,7 @@ def _train_step(
         optimizers = [env.host_optimizer, *env.seed_optimizers.values()]
         for opt in optimizers:
             scaler.unscale_(opt)
-        _update_grad_flags(env, acc.grads_finite)
+        _update_grad_flags(acc)
         for opt in optimizers:
             scaler.step(opt)
         scaler.update()
@@ -388,12 +426,10 @@ def _train_step(
     acc.seen += count
 
 
-def _update_grad_flags(env: GrowingHost, flags: Tensor) -> None:
-    """AND each trained seed's "all gradients finite" into its slot's flag, on the device."""
-    for s, slot_id in enumerate(env.slot_ids):
-        if slot_id not in env.seed_optimizers:
-            continue
-        grads = [p.grad for p in env.model.slot(slot_id).seed_parameters() if p.grad is not None]
-        if grads:
-            norm = torch.nn.utils.get_total_norm(grads)
-            flags[s : s + 1].logical_and_(torch.isfinite(norm))
+def _update_grad_flags(acc: _EnvAccumulator) -> None:
+    """AND "this step's gradient is finite" into each trained seed parameter's flag, on
+    the device (a gradient is finite where its norm is)."""
+    if not acc.seed_params:
+        return
+    grads = [acc.no_grad if p.grad is None else p.grad for p in acc.seed_params]
+    acc.params_finite.logical_and_(torch.isfinite(torch.stack(torch._foreach_norm(grads))))
