@@ -15,7 +15,8 @@ unless told otherwise), a fresh policy and a collector, runs one warm-up rollout
 With ``--overhead`` it instead times, for esper-lite's host and the default host at 4 and
 8 envs, whole PPO updates as ``Trainer.fit`` runs them against the pure host compute of
 the same work (``benchmarks/rollout_overhead.py`` says exactly what each side holds);
-``--rounds N`` alternates the thread counts N times per case and prints medians.
+``--rounds N`` alternates the thread counts N times per case and prints medians;
+``--wall-only`` times the updates alone, for the thread counts' ratio.
 
 With ``--telemetry`` it then times rollouts of the smallest ``n_envs`` with the
 :class:`TelemetryCallback` hooks called as in training, for each profile, and prints each
@@ -23,7 +24,7 @@ profile's rollout time as a ratio to the same rollouts with telemetry off.
 
 Usage: ``python benchmarks/rollout.py [--device cuda] [--episode-epochs 5] [--repeats 2]
 [--telemetry]``
-or ``python benchmarks/rollout.py --overhead --episode-epochs 8 [--rounds 3]``
+or ``python benchmarks/rollout.py --overhead --episode-epochs 8 [--rounds 3] [--wall-only]``
 """
 
 from __future__ import annotations
@@ -232,6 +233,11 @@ def main() -> None:
         default=1,
         help="--overhead: alternate the thread counts this many times per case (medians)",
     )
+    parser.add_argument(
+        "--wall-only",
+        action="store_true",
+        help="--overhead: time the updates alone, no pure or run_epoch figures beside them",
+    )
     args = parser.parse_args()
     quiet_third_party()  # the figures, without Lightning's advert and torch's notice
     if args.overhead:
@@ -247,6 +253,7 @@ def main() -> None:
             args.threads,
             args.cpu_workers,
             args.rounds,
+            args.wall_only,
         )
         return
     device = torch.device(args.device)

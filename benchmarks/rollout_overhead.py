@@ -24,6 +24,11 @@ within the hour, and figures taken a minute apart moved the ratio by more than t
 overheads it measures (on the same recorded hosts, run_epoch after the fit came out
 0.25-0.39 s per update faster than the same epochs in the fit at 2 threads and 0.21-0.35 s
 slower at 1 thread; taken beside each epoch, the in-fit epoch cost 3-15 ms more).
+
+``--wall-only`` times the fits' updates alone (:class:`_WallTimer`): no copies, no
+figures beside the epochs, whose deep copies and extra training would otherwise run
+between the timed epochs of both thread counts. It gives the thread counts' ratio
+(issue 16, item 3) from undisturbed updates, at half the time per fit.
 """
 
 from __future__ import annotations
@@ -141,6 +146,24 @@ def incubation_of(host: GrowingHost) -> IncubationPass | None:
     (None: no seed in TRAINING)."""
     slots = incubating_slots(host.model)
     return IncubationPass(host.model, slots) if slots else None
+
+
+class _WallTimer(_UpdateTimer):
+    """Times each update and nothing beside it: pure and run_epoch are not measured."""
+
+    def _measure_copies(self, hosts: list[GrowingHost], pure_first: bool) -> None:
+        return
+
+    def medians(self) -> dict[str, float]:
+        nan = float("nan")
+        return {
+            "wall": statistics.median(self.seconds),
+            "pure": nan,
+            "run_epoch": nan,
+            "ratio": nan,
+            "workers": self.workers,
+            "group": self.group,
+        }
 
 
 def _pure_step(
@@ -300,12 +323,15 @@ def print_overhead(
     threads: list[int] | None = None,
     cpu_workers: int | None = None,
     rounds: int = 1,
+    wall_only: bool = False,
 ) -> None:
     """Every case at one torch thread and at the process's default, one after the other,
     so that both settings meet the same load on a shared machine. With ``rounds > 1`` the
     thread counts alternate that many times per case; each row gives the medians over the
     rounds, and ``wall / 1 thread`` the median of each round's own ratio (adjacent fits,
-    so a machine whose speed drifts within the hour moves both sides of it alike)."""
+    so a machine whose speed drifts within the hour moves both sides of it alike). With
+    ``wall_only`` the updates are timed alone (:class:`_WallTimer`; the other columns
+    print as nan)."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     default_threads = torch.get_num_threads()
@@ -316,7 +342,9 @@ def print_overhead(
         f"group, or x n_envs unpaired), episode_epochs={episode_epochs}, {updates} timed updates after {warmup} "
         f"warm-up, torch threads {counts} (torch.set_num_threads) in turn, "
         f"{rounds} round(s), cpu_workers={cpu_workers}"
+        + (", updates timed alone (no pure or run_epoch figures)" if wall_only else "")
     )
+    timer_class = _WallTimer if wall_only else _UpdateTimer
     print(
         f"{'host':>11} | {'n_envs':>6} | {'threads':>7} | {'workers':>7} | "
         f"{'wall s/update':>13} | {'run_epoch s':>11} | {'pure host s':>11} | {'ratio':>5} | "
@@ -328,9 +356,10 @@ def print_overhead(
             for _ in range(rounds):
                 for count in counts:
                     torch.set_num_threads(count)
-                    cases[count].append(
-                        fit_case(host, n, episode_epochs, updates, warmup, 0, cpu_workers).medians()
+                    timer = fit_case(
+                        host, n, episode_epochs, updates, warmup, 0, cpu_workers, timer_class
                     )
+                    cases[count].append(timer.medians())
             torch.set_num_threads(default_threads)
             for count, runs in cases.items():
                 wall, run_epoch_s, pure, ratio, vs_first = summarise(runs, cases[counts[0]])

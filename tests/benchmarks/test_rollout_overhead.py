@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -102,3 +103,16 @@ def test_wall_over_pure_is_the_median_of_each_update_s_own_ratio() -> None:
     assert (figures["wall"], figures["pure"], figures["run_epoch"]) == (3.0, 2.0, 2.5)
     assert figures["ratio"] == pytest.approx(1.1)  # ratios 1.1, 1.1, 1.5; medians alone 1.5
     assert (figures["workers"], figures["group"]) == (2, 4)
+
+
+def test_wall_only_times_the_updates_and_nothing_beside_them() -> None:
+    """No copies are trained before its epochs, and it reports no pure or run_epoch."""
+    bench = _load()
+    timer = bench._WallTimer(warmup=0, data=None, workers=2, group=None)
+    timer.pure.append(0.0)
+    timer.run_epoch.append(0.0)
+    timer._measure_copies(_hosts(2), pure_first=True)  # data=None: any copy would fail
+    timer.seconds = [3.0]
+    figures = timer.medians()
+    assert figures["wall"] == 3.0
+    assert all(math.isnan(figures[key]) for key in ("pure", "run_epoch", "ratio"))
