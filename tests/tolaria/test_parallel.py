@@ -8,6 +8,7 @@ promised at the same per-op thread count.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -187,6 +188,21 @@ def test_an_idle_worker_takes_any_free_env_so_a_slow_env_holds_up_no_other() -> 
 
     assert run_env_steps(4, 2, range(3), lambda: None, step, finish) == [0, 1, 2, 3]
     assert finished[-1] == 0
+
+
+def test_a_worker_takes_the_env_with_the_most_work_left() -> None:
+    """Env 0's steps are slow: once both envs have been timed, the worker keeps to env 0
+    (the one that would finish last) and leaves env 1's quick steps for the end."""
+    order: list[int] = []
+
+    def step(env: int, b: int, item: object) -> None:
+        order.append(env)
+        if env == 0:
+            time.sleep(0.02)
+
+    assert run_env_steps(2, 1, range(6), lambda: None, step, lambda env, tail: env) == [0, 1]
+    assert order[:2] == [0, 1]  # untimed: in turn
+    assert order[2:] == [0] * 5 + [1] * 5
 
 
 def test_a_step_error_stops_every_worker_and_is_raised() -> None:
