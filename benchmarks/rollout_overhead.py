@@ -369,3 +369,11 @@ def print_overhead(
                     f"{ratio:>5.3f} | {vs_first:>15.3f}",
                     flush=True,
                 )
+            if rounds > 1:
+                first = cases[counts[0]]
+                for count in counts[1:]:
+                    each = " ".join(
+                        f"{m['wall'] / f['wall']:.3f}"
+                        for m, f in zip(cases[count], first, strict=True)
+                    )
+                    print(f"{'':>11}   {count} threads, each round's wall / {counts[0]}: {each}")
