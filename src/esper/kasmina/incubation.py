@@ -19,8 +19,9 @@ TRAINING slot passes its input through unchanged, so the host's gradients are ex
 those of the host alone. This pass runs the model with every host parameter taken out
 of autograd (``requires_grad`` off for the forward) and every host buffer put back as it
 was afterwards (BatchNorm's running statistics do not see it), so only the incubating
-seeds' parameters get gradients, and only their own buffers update. It costs one more forward and a seed-only backward per batch, and only
-while some slot of the host has a seed in TRAINING. The forward starts at the first
+seeds' parameters get gradients, and only their own buffers update. It costs one more
+forward and a seed-only backward per batch, and only while some slot of the host has a
+seed in TRAINING. The forward starts at the first
 incubating slot, from what reached it in the host's own forward of the same batch
 (:func:`recording_start`): the layers before it would compute exactly that again, since
 no optimiser has stepped in between. On the predecessor's CNN host at batch 16, one
