@@ -205,6 +205,21 @@ def test_a_worker_takes_the_env_with_the_most_work_left() -> None:
     assert order[2:] == [0] * 5 + [1] * 5
 
 
+def test_batches_of_unknown_length_are_scheduled_too() -> None:
+    """A loader over an iterable dataset has no length (its ``len`` raises)."""
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self) -> Iterator[Tensor]:
+            return iter(torch.arange(5.0).split(1))
+
+    loader = torch.utils.data.DataLoader(Stream(), batch_size=None)
+    with pytest.raises(TypeError):
+        len(loader)
+    counts, seen = _count_steps(3, 2, loader)
+    assert counts == [5, 5, 5]
+    assert all(order == [0, 1, 2, 3, 4] for order in seen.values())
+
+
 def test_a_step_error_stops_every_worker_and_is_raised() -> None:
     def step(env: int, b: int, item: object) -> None:
         if env == 2 and b == 1:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sized
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 import torch
@@ -130,6 +130,15 @@ class _Schedule(Generic[T, V, R]):
         self.cond.notify_all()
 
 
+def _known_length(batches: Iterable[object]) -> int:
+    """How many batches ``batches`` holds where it says (0 where it cannot: a generator,
+    or a DataLoader over an iterable dataset, whose ``len`` raises)."""
+    try:
+        return len(batches)  # type: ignore[arg-type]
+    except TypeError:
+        return 0
+
+
 def run_env_steps(
     n_envs: int,
     workers: int,
@@ -148,8 +157,7 @@ def run_env_steps(
     first exception raised by a step, a finish, ``batches`` or ``tail`` is raised after
     every worker has stopped.
     """
-    expected = len(batches) if isinstance(batches, Sized) else 0
-    plan: _Schedule[T, V, R] = _Schedule(n_envs, expected)
+    plan: _Schedule[T, V, R] = _Schedule(n_envs, _known_length(batches))
     cond = plan.cond
 
     def work() -> None:
