@@ -31,6 +31,7 @@ from multiprocessing.connection import Connection
 import torch
 
 from esper.kasmina import CNNHost
+from esper.tamiyo.threads import intra_op_threads
 
 #: Steps before timing starts in each loop (allocator and oneDNN warm-up).
 WARMUP_STEPS = 20
@@ -110,17 +111,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
     cases = {"alone": alone, "2 threads": in_threads, "2 processes": in_processes}
     times: dict[str, list[float]] = {name: [] for name in cases}
-    try:
+    with intra_op_threads(1):
         for r in range(args.repeats):
             order = list(cases) if r % 2 == 0 else list(cases)[::-1]
             for name in order:
                 times[name].append(cases[name](args.steps))
-    finally:
-        torch.set_num_threads(previous)
     base = statistics.median(times["alone"])
     print(
         f"predecessor host, {IMAGES_PER_STEP} images, {args.steps} steps per loop, "

@@ -37,6 +37,7 @@ import copy
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -199,11 +200,33 @@ def _pure_val(host: GrowingHost, val: list[Batch]) -> None:
     model.train()
 
 
+def train_share(
+    hosts: list[GrowingHost],
+    envs: Sequence[int],
+    train: list[Batch],
+    val: list[Batch],
+    group: int | None,
+) -> None:
+    """Envs ``envs`` of one epoch's ``hosts`` train, one after another per batch, then
+    validate: the pure compute in one thread."""
+    n = len(hosts)
+    passes = {i: incubation_of(hosts[i]) for i in envs}
+    for i in envs:
+        hosts[i].model.train()
+    for b, batch in enumerate(train):
+        for i in envs:
+            _pure_step(hosts[i], passes[i], i, n, b, batch, group)
+    for i in envs:
+        _pure_val(hosts[i], val)
+
+
 def _pure_epoch_in_workers(
     hosts: list[GrowingHost], train: list[Batch], val: list[Batch], workers: int, group: int | None
 ) -> None:
     n = len(hosts)
     passes = [incubation_of(host) for host in hosts]
+    for host in hosts:
+        host.model.train()
 
     def step(i: int, b: int, batch: Batch) -> None:
         _pure_step(hosts[i], passes[i], i, n, b, batch, group)
@@ -227,17 +250,10 @@ def pure_host_compute(
     n = len(update[0])
     start = time.perf_counter()
     for hosts in update:
-        for host in hosts:
-            host.model.train()
         if workers == 1:
-            passes = [incubation_of(host) for host in hosts]
-            for b, batch in enumerate(train):
-                for i, host in enumerate(hosts):
-                    _pure_step(host, passes[i], i, n, b, batch, group)
-            for host in hosts:
-                _pure_val(host, val)
-            continue
-        _pure_epoch_in_workers(hosts, train, val, workers, group)
+            train_share(hosts, range(n), train, val, group)
+        else:
+            _pure_epoch_in_workers(hosts, train, val, workers, group)
     return time.perf_counter() - start
 
 

@@ -34,23 +34,21 @@ import pickle
 import statistics
 import threading
 import time
-from collections.abc import Sequence
 from multiprocessing.connection import Connection
 
 import torch
 from rollout_overhead import (
     HOSTS,
     Batch,
-    _pure_step,
-    _pure_val,
     _UpdateTimer,
     fit_case,
-    incubation_of,
     pure_host_compute,
+    train_share,
 )
 
 from esper.cli.options import quiet_third_party
 from esper.kasmina import GrowingHost
+from esper.tamiyo.threads import intra_op_threads
 
 Epoch = list[GrowingHost]
 
@@ -67,22 +65,6 @@ class _Recorder(_UpdateTimer):
         self.epochs.append(copy.deepcopy(hosts))
 
 
-def train_share(
-    hosts: Epoch, envs: Sequence[int], train: list[Batch], val: list[Batch], group: int | None
-) -> None:
-    """Envs ``envs`` of one epoch's ``hosts`` train and validate as the pure compute does,
-    one after another per batch."""
-    n = len(hosts)
-    passes = {i: incubation_of(hosts[i]) for i in envs}
-    for i in envs:
-        hosts[i].model.train()
-    for b, batch in enumerate(train):
-        for i in envs:
-            _pure_step(hosts[i], passes[i], i, n, b, batch, group)
-    for i in envs:
-        _pure_val(hosts[i], val)
-
-
 def _split(n_envs: int, workers: int) -> list[list[int]]:
     return [list(range(w, n_envs, workers)) for w in range(workers)]
 
@@ -92,10 +74,8 @@ def threads_fixed_split(
 ) -> float:
     """Seconds for every epoch with env ``i`` in thread ``i mod workers``, meeting at each
     epoch's end."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
     total = 0.0
-    try:
+    with intra_op_threads(1):
         for hosts in epochs:
 
             def work(envs: list[int], hosts: Epoch = hosts) -> None:
@@ -111,8 +91,6 @@ def threads_fixed_split(
             for thread in threads:
                 thread.join()
             total += time.perf_counter() - start
-    finally:
-        torch.set_num_threads(previous)
     return total
 
 
@@ -198,11 +176,10 @@ def measure(host: str, n_envs: int, updates: int, repeats: int, workers: int) ->
             "moving the hosts",
         )
     }
-    previous = torch.get_num_threads()
     for _ in range(repeats):
-        torch.set_num_threads(1)
-        figures["sequential"].append(pure_host_compute(copy.deepcopy(epochs), train, val, 1, group))
-        torch.set_num_threads(previous)
+        with intra_op_threads(1):
+            sequential = pure_host_compute(copy.deepcopy(epochs), train, val, 1, group)
+        figures["sequential"].append(sequential)
         figures["threads, step at a time"].append(
             pure_host_compute(copy.deepcopy(epochs), train, val, workers, group)
         )
