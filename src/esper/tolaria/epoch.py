@@ -90,8 +90,8 @@ class _EnvAccumulator:
     loss_sum: Tensor
     correct: Tensor
     loss_finite: Tensor
-    #: ``[S]`` all-True: the flag of a slot that trains no seed.
-    no_seed_flags: Tensor
+    #: Slots of the host (``S``).
+    n_slots: int
     #: Parameters of the seeds trained this epoch (slots with a seed optimizer).
     seed_params: list[nn.Parameter]
     #: Per slot with a trained seed: its index and its parameters' span in ``seed_params``.
@@ -108,7 +108,7 @@ class _EnvAccumulator:
 
     def seed_grads_finite(self) -> Tensor:
         """``[S]`` bool: every gradient of the slot's trained seed was finite this epoch."""
-        flags = self.no_seed_flags.clone()
+        flags = torch.ones(self.n_slots, device=self.params_finite.device, dtype=torch.bool)
         for s, span in self.seed_spans:
             flags[s] = self.params_finite[span].all()
         return flags
@@ -246,7 +246,7 @@ def _accumulator(env: GrowingHost) -> _EnvAccumulator:
         loss_sum=torch.zeros((), device=device),
         correct=torch.zeros((), device=device, dtype=torch.long),
         loss_finite=torch.ones((), device=device, dtype=torch.bool),
-        no_seed_flags=torch.ones(len(env.slot_ids), device=device, dtype=torch.bool),
+        n_slots=len(env.slot_ids),
         seed_params=params,
         seed_spans=spans,
         params_finite=torch.ones(len(params), device=device, dtype=torch.bool),
