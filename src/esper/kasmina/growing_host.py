@@ -14,6 +14,7 @@ from esper.contracts import BlendMode, SeedStage
 from esper.kasmina.hosts.base import HostModel
 from esper.kasmina.lifecycle import GateResult, GateSignals
 from esper.kasmina.optim import BASE_LR_KEY, OptimConfig
+from esper.kasmina.sgd import clear_grads, sgd_step
 
 
 class GrowingHost:
@@ -82,16 +83,18 @@ class GrowingHost:
     def set_progress(self, progress: float) -> None:
         """Set every learning rate for ``progress`` in [0, 1] through the episode."""
         self.lr_factor = self.optim.lr_factor(progress)
-        for optimizer in (self.host_optimizer, *self.seed_optimizers.values()):
+        for optimizer in self.optimizers():
             for group in optimizer.param_groups:
                 group["lr"] = group[BASE_LR_KEY] * self.lr_factor
 
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The host's optimizer, then each live seed's."""
+        return [self.host_optimizer, *self.seed_optimizers.values()]
+
     def zero_grad(self) -> None:
-        self.host_optimizer.zero_grad(set_to_none=True)
-        for opt in self.seed_optimizers.values():
-            opt.zero_grad(set_to_none=True)
+        clear_grads(self.optimizers())
 
     def step(self) -> None:
-        self.host_optimizer.step()
-        for opt in self.seed_optimizers.values():
-            opt.step()
+        """One SGD step of the host and every live seed, as one batch of ops
+        (``esper.kasmina.sgd``: the same arithmetic as each optimizer's own ``step``)."""
+        sgd_step(self.optimizers())

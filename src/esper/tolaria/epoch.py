@@ -412,7 +412,7 @@ def _train_step(
     else:
         # fp16: one GradScaler per device. Its step() reads the overflow flag on the host
         # (torch's design); bf16 needs no scaler and reads nothing.
-        optimizers = [env.host_optimizer, *env.seed_optimizers.values()]
+        optimizers = env.optimizers()
         for opt in optimizers:
             scaler.unscale_(opt)
         _update_grad_flags(acc)

@@ -1,0 +1,93 @@
+"""One SGD step, and one gradient reset, over all of an env's optimizers at once.
+
+An env trains its host with one ``torch.optim.SGD`` and each live seed with another
+(``esper.kasmina.growing_host``). Stepping them one by one costs, per optimizer and per
+training step, a profiler record, the optimizer's hooks and a Python loop over its
+parameters; on the CPU, envs train in worker threads that share the interpreter lock
+(``esper.tolaria.parallel``), and that Python is time the other worker waits. Here the
+parameters of every group that shares a learning rate, momentum and weight decay are
+stepped together by ``torch._foreach_*`` ops: a handful of calls per step, whatever the
+number of seeds.
+
+The arithmetic is torch's SGD (``torch.optim.sgd``: weight decay added to the gradient,
+momentum buffer started as a copy of the first gradient, then ``buf * momentum + grad``,
+parameter ``- lr * buf``), op for op, so results are bit-identical to calling each
+optimizer's ``step``; the momentum buffers stay in each optimizer's ``state`` under torch's
+key, so optimizer state dicts, and checkpoints, are unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor
+
+#: torch's key for a parameter's momentum buffer in ``SGD.state``.
+MOMENTUM_BUFFER = "momentum_buffer"
+
+
+@torch.no_grad()
+def sgd_step(optimizers: Iterable[torch.optim.Optimizer]) -> None:
+    """One step of every optimizer in ``optimizers``, equal to calling each one's ``step``.
+
+    Only plain momentum SGD (no Nesterov, dampening or maximize: what
+    ``esper.kasmina.optim.OptimConfig.make`` builds) is stepped this way; anything else
+    raises rather than being stepped differently from torch.
+    """
+    batches: dict[tuple[float, float, float], tuple[list[Tensor], list[Tensor], list[dict]]] = {}
+    for optimizer in optimizers:
+        if not isinstance(optimizer, torch.optim.SGD):
+            raise TypeError(
+                f"sgd_step steps torch.optim.SGD only, got {type(optimizer).__name__}: "
+                "call its step() instead"
+            )
+        for group in optimizer.param_groups:
+            if group["nesterov"] or group["dampening"] != 0 or group["maximize"]:
+                raise ValueError(
+                    "sgd_step steps plain momentum SGD only; this optimizer's group has "
+                    f"nesterov={group['nesterov']}, dampening={group['dampening']}, "
+                    f"maximize={group['maximize']}: call its step() instead"
+                )
+            key = (group["lr"], group["momentum"], group["weight_decay"])
+            params, grads, states = batches.setdefault(key, ([], [], []))
+            with_momentum = group["momentum"] != 0
+            for p in group["params"]:
+                if p.grad is not None:
+                    params.append(p)
+                    grads.append(p.grad)
+                    if with_momentum:
+                        states.append(optimizer.state[p])
+    for (lr, momentum, weight_decay), (params, grads, states) in batches.items():
+        if not params:
+            continue
+        if weight_decay != 0:
+            grads = torch._foreach_add(grads, params, alpha=weight_decay)
+        if momentum != 0:
+            grads = _momentum(grads, states, momentum)
+        torch._foreach_add_(params, grads, alpha=-lr)
+
+
+def _momentum(grads: list[Tensor], states: list[dict], momentum: float) -> list[Tensor]:
+    """Each parameter's updated momentum buffer (``buf * momentum + grad``; a copy of the
+    gradient on its first step), written back into its optimizer state."""
+    bufs = [state.get(MOMENTUM_BUFFER) for state in states]
+    if all(buf is not None for buf in bufs):
+        torch._foreach_mul_(bufs, momentum)
+        torch._foreach_add_(bufs, grads)
+        return bufs
+    for i, (buf, grad, state) in enumerate(zip(bufs, grads, states, strict=True)):
+        if buf is None:
+            bufs[i] = state[MOMENTUM_BUFFER] = grad.detach().clone()
+        else:
+            buf.mul_(momentum).add_(grad)
+    return bufs
+
+
+def clear_grads(optimizers: Iterable[torch.optim.Optimizer]) -> None:
+    """Set every gradient of ``optimizers``' parameters to None, as
+    ``zero_grad(set_to_none=True)`` does, without a profiler record per optimizer."""
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                p.grad = None
