@@ -11,6 +11,7 @@ Shapes: ``E`` envs, ``S`` slots per host (every env runs the same host architect
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, fields
 
 import torch
@@ -390,8 +391,12 @@ def _train_step(
 ) -> None:
     env.zero_grad()
     env.model.check_input(x)  # host-side shape check, outside any compiled graph
-    autocast = torch.autocast(
-        env.device.type, dtype=options.amp_dtype, enabled=options.amp_dtype is not None
+    # Without amp, no autocast object per step: a step's Python holds the lock the CPU
+    # worker threads share (``esper.tolaria.parallel``).
+    autocast = (
+        nullcontext()
+        if options.amp_dtype is None
+        else torch.autocast(x.device.type, dtype=options.amp_dtype)
     )
     incubation = acc.incubation
     # A compiled forward keeps its graph: no hook to record where incubation starts.
@@ -399,7 +404,7 @@ def _train_step(
     with autocast, recording_start(env.model, recorded) as start:
         loss, correct = options.forward_loss(env.model, x, y)
     count = y.numel()
-    scaler = options.scalers.get(env.device) if options.scalers is not None else None
+    scaler = options.scalers.get(x.device) if options.scalers is not None else None
     (loss if scaler is None else scaler.scale(loss)).backward()
     if incubation is not None:
         # TRAINING seeds learn from their own pass; it adds gradients to them alone.
