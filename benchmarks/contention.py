@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection
 import torch
 
 from esper.kasmina import CNNHost
-from esper.tamiyo.threads import intra_op_threads
+from esper.threads import intra_op_threads
 
 #: Steps before timing starts in each loop (allocator and oneDNN warm-up).
 WARMUP_STEPS = 20

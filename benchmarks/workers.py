@@ -48,7 +48,7 @@ from rollout_overhead import (
 
 from esper.cli.options import quiet_third_party
 from esper.kasmina import GrowingHost
-from esper.tamiyo.threads import intra_op_threads
+from esper.threads import intra_op_threads
 
 Epoch = list[GrowingHost]
 

@@ -46,7 +46,7 @@ from esper.simic.schedules import entropy_coef_at, learning_rate_at
 from esper.simic.update_metrics import PROGRESS_BAR_METRICS, rollout_metrics
 from esper.simic.validation import CONFIG_KEYS, check_ent_coef_final, validate_run
 from esper.tamiyo.policy import PolicyConfig, PolicyNetwork
-from esper.tamiyo.threads import intra_op_threads
+from esper.threads import intra_op_threads
 from esper.tolaria.data.base import HostDataModule
 
 #: Host arguments a run takes when it is given none: the hosts start small, so growth has

@@ -39,7 +39,7 @@ from esper.simic.ppo_batch import PPOBatch
 from esper.simic.rewards import total
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.policy import ActResult, LSTMState
-from esper.tamiyo.threads import intra_op_threads
+from esper.threads import intra_op_threads
 from esper.tolaria.snapshot import HostSnapshot
 
 StepHook = Callable[[StepBatch], None]

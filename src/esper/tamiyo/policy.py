@@ -56,7 +56,7 @@ class PolicyConfig:
         prune_logit_init: initial bias of the PRUNE op's logit: 0 starts uniform, below 0
             makes pruning rarer at first so seeds live long enough to be judged.
         cpu_threads: intra-op threads for the policy's act, value and PPO update on the
-            CPU (``esper.tamiyo.threads``); null keeps torch's count. Raise it for a policy
+            CPU (``esper.threads``); null keeps torch's count. Raise it for a policy
             large enough to keep more cores busy.
     """
 
@@ -73,7 +73,7 @@ class PolicyConfig:
     #: makes PRUNE about 7 times less likely than each other op (benchmarks/README.md).
     prune_logit_init: float = -2.0
     #: One thread: the policy acts on a row per env, and a second thread woken after each
-    #: host epoch stalled acts by up to 37 ms on a 2-core VM (``esper.tamiyo.threads``).
+    #: host epoch stalled acts by up to 37 ms on a 2-core VM (``esper.threads``).
     cpu_threads: int | None = 1
 
     def __post_init__(self) -> None:

@@ -43,6 +43,8 @@ from typing import Generic, TypeVar
 
 import torch
 
+from esper.threads import intra_op_threads
+
 T = TypeVar("T")
 V = TypeVar("V")
 R = TypeVar("R")
@@ -187,10 +189,8 @@ def run_env_steps(
             with cond:
                 plan.fail(exc)
 
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
     threads = [threading.Thread(target=work, daemon=True) for _ in range(workers)]
-    try:
+    with intra_op_threads(1):
         for thread in threads:
             thread.start()
         try:
@@ -212,8 +212,6 @@ def run_env_steps(
         finally:
             for thread in threads:
                 thread.join()
-    finally:
-        torch.set_num_threads(previous)
     if plan.error is not None:
         raise plan.error
     return plan.results  # type: ignore[return-value]

@@ -1,11 +1,11 @@
-"""The policy's own intra-op thread count: set for the block, then given back."""
+"""An intra-op thread count of the block's own: set for the block, then given back."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from esper.tamiyo.threads import intra_op_threads
+from esper.threads import intra_op_threads
 
 
 @pytest.fixture

@@ -1,0 +1,36 @@
+"""Intra-op thread counts on the CPU, set for a block and given back.
+
+Two parts of Esper want a count of their own, apart from the process's:
+
+- The policy (``PolicyConfig.cpu_threads``, one by default) acts on one row per env and
+  updates on a few hundred transitions: too little work to share between cores, and on a
+  CPU that trains its hosts in worker threads a second thread for the policy sleeps
+  through every host epoch and has to be woken for the next act. Measured on a 2-core VM
+  (predecessor's host, 4 envs, benchmarks/README.md): at two threads 10 of 28 acts after
+  host epochs took 3.7-36.9 ms instead of 1.0-1.7 ms, at one thread every act took
+  1.0-1.3 ms.
+- Host training in worker threads (``esper.tolaria.parallel``): one thread per core, each
+  running its ops on one intra-op thread, so the workers do not oversubscribe the cores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+
+@contextmanager
+def intra_op_threads(count: int | None) -> Iterator[None]:
+    """Run the block's CPU ops on ``count`` intra-op threads, then restore the count the
+    calling thread had; None leaves it as it is."""
+    previous = torch.get_num_threads()
+    if count is None or count == previous:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
