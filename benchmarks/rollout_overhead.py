@@ -18,6 +18,11 @@ out (``esper.tolaria.parallel.run_env_steps``). ``run_epoch s`` runs ``run_epoch
 on the other copies with the same pre-collated batches: what it adds to the pure compute
 is counterfactual replicas and bookkeeping; what the wall adds to it is the policy, PPO,
 snapshots, loader and callbacks. The two alternate which goes first from epoch to epoch.
+Two columns split the wall itself, timed in the fit: ``host epochs s``, its host epochs
+as training ran them (``run_epoch`` with the loader), and ``update s``, from the end of
+the rollout's hooks to the end of the PPO update's (the PPO update, its logging and
+hooks); the rest of the wall is the policy's acts, lifecycle ops, snapshots, rollout
+hooks and the epoch's end (logging, checkpoints).
 
 Why beside each epoch rather than after the fit: this VM's speed drifts by up to 20%
 within the hour, and figures taken a minute apart moved the ratio by more than the
@@ -28,7 +33,8 @@ slower at 1 thread; taken beside each epoch, the in-fit epoch cost 3-15 ms more)
 ``--wall-only`` times the fits' updates alone (:class:`_WallTimer`): no copies, no
 figures beside the epochs, whose deep copies and extra training would otherwise run
 between the timed epochs of both thread counts. It gives the thread counts' ratio
-(issue 16, item 3) from undisturbed updates, at half the time per fit.
+(issue 16, item 3) and the split of the wall from undisturbed updates, at half the time
+per fit.
 """
 
 from __future__ import annotations
@@ -47,8 +53,10 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 
 from esper.callbacks import CALLBACKS
+from esper.callbacks.base import EsperCallback
 from esper.callbacks.checkpoint import EsperCheckpointIO
 from esper.cli.options import DEFAULT_CALLBACKS
+from esper.contracts.rollout import RolloutSummary
 from esper.kasmina import GrowingHost
 from esper.kasmina.incubation import IncubationPass, incubating_slots, recording_start
 from esper.simic.module import DEFAULT_HOST_KWARGS, PPOModule
@@ -66,9 +74,19 @@ Batch = tuple[Tensor, Tensor]
 IMAGES_PER_ENV_STEP = 16
 
 
-class _UpdateTimer(L.Callback):
+class _UpdateTimer(EsperCallback):
     """Times each update and, beside each of its host epochs, the pure host compute and
-    ``run_epoch`` of copies of that epoch's hosts; copies and their timing are excluded."""
+    ``run_epoch`` of copies of that epoch's hosts; copies and their timing are excluded.
+
+    Each update's wall is split too: its host epochs as the fit ran them (``run_epoch``
+    with the loader, counterfactual replicas and bookkeeping), and its *update*, from the
+    end of the rollout's hooks to the end of the PPO update's (the PPO update, its
+    logging and the callbacks' update hooks); the rest is the policy's acts, lifecycle
+    ops, snapshots, rollout hooks and the epoch's end (logging, checkpoints).
+    """
+
+    #: Whether the pure and run_epoch figures are timed on copies beside each epoch.
+    times_copies = True
 
     def __init__(self, warmup: int, data: Any, workers: int, group: int | None) -> None:
         self.warmup = warmup
@@ -77,10 +95,14 @@ class _UpdateTimer(L.Callback):
         self.seconds: list[float] = []
         self.pure: list[float] = []
         self.run_epoch: list[float] = []
+        #: Per timed update: seconds of its host epochs in the fit, and of its PPO update.
+        self.epochs: list[float] = []
+        self.update: list[float] = []
         self._batches: tuple[list[Batch], list[Batch]] | None = None
         self._epochs = 0
         self._excluded = 0.0
         self._start = 0.0
+        self._update_start = 0.0
 
     def on_train_epoch_start(self, trainer: L.Trainer, module: PPOModule) -> None:
         env = module.env
@@ -92,28 +114,54 @@ class _UpdateTimer(L.Callback):
                 tick = time.perf_counter()
                 self._measure_copies(env.hosts, pure_first=self._epochs % 2 == 0)
                 self._epochs += 1
-                self._excluded += time.perf_counter() - tick
-                return original()
+                start = time.perf_counter()
+                self._excluded += start - tick
+                result = original()
+                self.epochs[-1] += time.perf_counter() - start
+                return result
 
             env.train_epoch = measured  # type: ignore[method-assign]
         if trainer.current_epoch >= self.warmup:
             self.pure.append(0.0)
             self.run_epoch.append(0.0)
+            self.epochs.append(0.0)
+            self.update.append(0.0)
         self._excluded = 0.0
         self._start = time.perf_counter()
+
+    def on_rollout_end(
+        self, trainer: L.Trainer, module: PPOModule, rollout: RolloutSummary
+    ) -> None:
+        self._update_start = time.perf_counter()
+
+    def on_ppo_update_end(
+        self, trainer: L.Trainer, module: PPOModule, metrics: dict[str, float]
+    ) -> None:
+        if trainer.current_epoch >= self.warmup:
+            self.update[-1] = time.perf_counter() - self._update_start
 
     def on_train_epoch_end(self, trainer: L.Trainer, module: PPOModule) -> None:
         if trainer.current_epoch >= self.warmup:
             self.seconds.append(time.perf_counter() - self._start - self._excluded)
 
     def medians(self) -> dict[str, float]:
-        """The case's figures: median wall, pure and run_epoch seconds per update, the
-        median of each update's own wall / pure, and the workers and paired group."""
+        """The case's figures: median wall, host epochs, update, pure and run_epoch seconds
+        per update, the median of each update's own wall / pure (nan where copies are not
+        timed), and the workers and paired group."""
+        median = statistics.median
+        if self.times_copies:
+            pure, run_epoch_s = median(self.pure), median(self.run_epoch)
+            pairs = zip(self.seconds, self.pure, strict=True)
+            ratio = median(w / p for w, p in pairs)
+        else:
+            pure = run_epoch_s = ratio = float("nan")
         return {
-            "wall": statistics.median(self.seconds),
-            "pure": statistics.median(self.pure),
-            "run_epoch": statistics.median(self.run_epoch),
-            "ratio": statistics.median(w / p for w, p in zip(self.seconds, self.pure, strict=True)),
+            "wall": median(self.seconds),
+            "epochs": median(self.epochs),
+            "update": median(self.update),
+            "pure": pure,
+            "run_epoch": run_epoch_s,
+            "ratio": ratio,
             "workers": self.workers,
             "group": self.group,
         }
@@ -152,19 +200,10 @@ def incubation_of(host: GrowingHost) -> IncubationPass | None:
 class _WallTimer(_UpdateTimer):
     """Times each update and nothing beside it: pure and run_epoch are not measured."""
 
+    times_copies = False
+
     def _measure_copies(self, hosts: list[GrowingHost], pure_first: bool) -> None:
         return
-
-    def medians(self) -> dict[str, float]:
-        nan = float("nan")
-        return {
-            "wall": statistics.median(self.seconds),
-            "pure": nan,
-            "run_epoch": nan,
-            "ratio": nan,
-            "workers": self.workers,
-            "group": self.group,
-        }
 
 
 def _pure_step(
@@ -316,18 +355,20 @@ def fit_case(
     return timer
 
 
-def summarise(
-    runs: list[dict[str, float]], first: list[dict[str, float]]
-) -> tuple[float, float, float, float, float]:
-    """One row from a case's rounds at one thread count: the median wall, run_epoch and pure
-    host seconds and wall / pure (each round's is the median of its updates' own ratios),
-    and the median over rounds of this round's wall over the same round's wall at the
-    first thread count (``first``)."""
-    wall, run_epoch_s, pure, ratio = (
-        statistics.median(m[k] for m in runs) for k in ("wall", "run_epoch", "pure", "ratio")
+#: The figures of a case's rounds that :func:`summarise` takes the median of.
+FIGURES = ("wall", "epochs", "update", "run_epoch", "pure", "ratio")
+
+
+def summarise(runs: list[dict[str, float]], first: list[dict[str, float]]) -> dict[str, float]:
+    """One row from a case's rounds at one thread count: the median of each of
+    :data:`FIGURES` over the rounds (each round's ratio is the median of its updates' own
+    wall / pure), and ``vs_first``, the median over rounds of this round's wall over the
+    same round's wall at the first thread count (``first``)."""
+    row = {k: statistics.median(m[k] for m in runs) for k in FIGURES}
+    row["vs_first"] = statistics.median(
+        m["wall"] / f["wall"] for m, f in zip(runs, first, strict=True)
     )
-    vs_first = statistics.median(m["wall"] / f["wall"] for m, f in zip(runs, first, strict=True))
-    return wall, run_epoch_s, pure, ratio, vs_first
+    return row
 
 
 def print_overhead(
@@ -363,8 +404,8 @@ def print_overhead(
     timer_class = _WallTimer if wall_only else _UpdateTimer
     print(
         f"{'host':>11} | {'n_envs':>6} | {'threads':>7} | {'workers':>7} | "
-        f"{'wall s/update':>13} | {'run_epoch s':>11} | {'pure host s':>11} | {'ratio':>5} | "
-        f"{'wall / 1 thread':>15}"
+        f"{'wall s/update':>13} | {'host epochs s':>13} | {'update s':>8} | "
+        f"{'run_epoch s':>11} | {'pure host s':>11} | {'ratio':>5} | {'wall / 1 thread':>15}"
     )
     for host in hosts or list(HOSTS):
         for n in n_envs:
@@ -378,11 +419,12 @@ def print_overhead(
                     cases[count].append(timer.medians())
             torch.set_num_threads(default_threads)
             for count, runs in cases.items():
-                wall, run_epoch_s, pure, ratio, vs_first = summarise(runs, cases[counts[0]])
+                row = summarise(runs, cases[counts[0]])
                 print(
                     f"{host:>11} | {n:>6} | {count:>7} | {runs[0]['workers']:>7} | "
-                    f"{wall:>13.3f} | {run_epoch_s:>11.3f} | {pure:>11.3f} | "
-                    f"{ratio:>5.3f} | {vs_first:>15.3f}",
+                    f"{row['wall']:>13.3f} | {row['epochs']:>13.3f} | {row['update']:>8.3f} | "
+                    f"{row['run_epoch']:>11.3f} | {row['pure']:>11.3f} | "
+                    f"{row['ratio']:>5.3f} | {row['vs_first']:>15.3f}",
                     flush=True,
                 )
             if rounds > 1:

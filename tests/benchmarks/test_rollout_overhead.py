@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import copy
 import math
+from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
 from esper.contracts import BlendMode
 from esper.kasmina import CNNHost, GrowingHost, OptimConfig
 from esper.kasmina.lifecycle import GateSignals
+from esper.simic.module import PPOModule
+from esper.tolaria.data import DATAMODULES
 from esper.tolaria.epoch import run_epoch
 from tests.benchmarks.loading import load_benchmark
 from tests.kasmina.factories import FAST
@@ -53,15 +57,30 @@ def test_pure_host_compute_trains_each_env_on_the_share_run_epoch_gives_it(
 def test_each_round_s_thread_ratio_pairs_fits_that_ran_side_by_side() -> None:
     """A machine that slows between rounds must not bend the per-thread ratio."""
     bench = _load()
-    one = [{"wall": w, "run_epoch": w, "pure": w, "ratio": 1.0} for w in (10.0, 20.0, 30.0)]
-    two = [
-        {"wall": w, "run_epoch": w - 1, "pure": w - 2, "ratio": r}
-        for w, r in ((6.0, 1.2), (13.0, 1.1), (15.0, 1.3))
-    ]
-    wall, run_epoch_s, pure, ratio, vs_one = bench.summarise(two, one)
-    assert (wall, run_epoch_s, pure, ratio) == (13.0, 12.0, 11.0, 1.2)
-    assert vs_one == pytest.approx(0.6)  # rounds give 0.6, 0.65, 0.5; medians alone 0.65
-    assert bench.summarise(one, one)[4] == 1.0
+
+    def rnd(wall: float, pure: float, ratio: float) -> dict[str, float]:
+        return {
+            "wall": wall,
+            "epochs": wall - 0.5,
+            "update": 0.1 * wall,
+            "run_epoch": wall - 1,
+            "pure": pure,
+            "ratio": ratio,
+        }
+
+    one = [rnd(w, w, 1.0) for w in (10.0, 20.0, 30.0)]
+    two = [rnd(w, w - 2, r) for w, r in ((6.0, 1.2), (13.0, 1.1), (15.0, 1.3))]
+    row = bench.summarise(two, one)
+    assert (row["wall"], row["epochs"], row["run_epoch"], row["pure"], row["ratio"]) == (
+        13.0,
+        12.5,
+        12.0,
+        11.0,
+        1.2,
+    )
+    assert row["update"] == pytest.approx(1.3)
+    assert row["vs_first"] == pytest.approx(0.6)  # rounds 0.6, 0.65, 0.5; medians alone 0.65
+    assert bench.summarise(one, one)["vs_first"] == 1.0
 
 
 def test_overhead_rounds_must_be_at_least_one() -> None:
@@ -72,8 +91,6 @@ def test_overhead_rounds_must_be_at_least_one() -> None:
 def test_the_figures_beside_each_epoch_leave_the_run_as_it_was() -> None:
     """Pure and run_epoch are timed on copies right before the epoch; the run's hosts and
     random streams come out as they went in, and both figures land in the current update."""
-    from esper.tolaria.data import DATAMODULES
-
     bench = _load()
     data = DATAMODULES.get("synthetic")(
         input_shape=[1, 8, 8], n_classes=4, n_train=16, n_val=8, batch_size=8
@@ -99,8 +116,10 @@ def test_wall_over_pure_is_the_median_of_each_update_s_own_ratio() -> None:
     """A machine that drifts between updates must not bend wall / pure either."""
     timer = _load()._UpdateTimer(warmup=0, data=None, workers=2, group=4)
     timer.seconds, timer.pure, timer.run_epoch = [2.2, 4.4, 3.0], [2.0, 4.0, 2.0], [2.1, 4.1, 2.5]
+    timer.epochs, timer.update = [2.0, 4.0, 2.6], [0.1, 0.2, 0.3]
     figures = timer.medians()
     assert (figures["wall"], figures["pure"], figures["run_epoch"]) == (3.0, 2.0, 2.5)
+    assert (figures["epochs"], figures["update"]) == (2.6, 0.2)
     assert figures["ratio"] == pytest.approx(1.1)  # ratios 1.1, 1.1, 1.5; medians alone 1.5
     assert (figures["workers"], figures["group"]) == (2, 4)
 
@@ -112,7 +131,32 @@ def test_wall_only_times_the_updates_and_nothing_beside_them() -> None:
     timer.pure.append(0.0)
     timer.run_epoch.append(0.0)
     timer._measure_copies(_hosts(2), pure_first=True)  # data=None: any copy would fail
-    timer.seconds = [3.0]
+    timer.seconds, timer.epochs, timer.update = [3.0], [2.5], [0.2]
     figures = timer.medians()
-    assert figures["wall"] == 3.0
+    assert (figures["wall"], figures["epochs"], figures["update"]) == (3.0, 2.5, 0.2)
     assert all(math.isnan(figures[key]) for key in ("pure", "run_epoch", "ratio"))
+
+
+def test_the_wall_s_split_is_timed_inside_each_update(tmp_path: Path) -> None:
+    """In a real fit, each update's host epochs and PPO update are timed, inside its wall."""
+    bench = _load()
+    data = DATAMODULES.get("synthetic")(
+        input_shape=[3, 8, 8], n_classes=4, n_train=64, n_val=32, batch_size=16
+    )
+    module = PPOModule(n_envs=4, episode_epochs=3, host_kwargs={"channels": [4, 8]})
+    timer = bench._WallTimer(warmup=1, data=data, workers=1, group=None)
+    trainer = L.Trainer(
+        default_root_dir=tmp_path,
+        max_epochs=3,
+        logger=False,
+        callbacks=[timer],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    trainer.fit(module, datamodule=data)
+
+    assert len(timer.seconds) == len(timer.epochs) == len(timer.update) == 2  # 1 warm-up
+    for wall, epochs, update in zip(timer.seconds, timer.epochs, timer.update, strict=True):
+        assert epochs > 0.0 and update > 0.0
+        assert epochs + update < wall
