@@ -18,11 +18,11 @@ out (``esper.tolaria.parallel.run_env_steps``). ``run_epoch s`` runs ``run_epoch
 on the other copies with the same pre-collated batches: what it adds to the pure compute
 is counterfactual replicas and bookkeeping; what the wall adds to it is the policy, PPO,
 snapshots, loader and callbacks. The two alternate which goes first from epoch to epoch.
-Two columns split the wall itself, timed in the fit: ``host epochs s``, its host epochs
-as training ran them (``run_epoch`` with the loader), and ``update s``, from the end of
-the rollout's hooks to the end of the PPO update's (the PPO update, its logging and
-hooks); the rest of the wall is the policy's acts, lifecycle ops, snapshots, rollout
-hooks and the epoch's end (logging, checkpoints).
+Three columns split the wall itself, timed in the fit: ``host epochs s``, its host epochs
+as training ran them (``run_epoch`` with the loader), ``update s``, from the end of the
+rollout's hooks to the end of the PPO update's (the PPO update, its logging and hooks),
+and ``rest s``, each update's wall less both: the policy's acts, lifecycle ops,
+snapshots, rollout hooks and the epoch's end (logging, checkpoints).
 
 Why beside each epoch rather than after the fit: this VM's speed drifts by up to 20%
 within the hour, and figures taken a minute apart moved the ratio by more than the
@@ -145,9 +145,10 @@ class _UpdateTimer(EsperCallback):
             self.seconds.append(time.perf_counter() - self._start - self._excluded)
 
     def medians(self) -> dict[str, float]:
-        """The case's figures: median wall, host epochs, update, pure and run_epoch seconds
-        per update, the median of each update's own wall / pure (nan where copies are not
-        timed), and the workers and paired group."""
+        """The case's figures: median wall, host epochs, update, rest (the median of each
+        update's wall less its epochs and update), pure and run_epoch seconds per update,
+        the median of each update's own wall / pure (nan where copies are not timed), and
+        the workers and paired group."""
         median = statistics.median
         if self.times_copies:
             pure, run_epoch_s = median(self.pure), median(self.run_epoch)
@@ -155,10 +156,13 @@ class _UpdateTimer(EsperCallback):
             ratio = median(w / p for w, p in pairs)
         else:
             pure = run_epoch_s = ratio = float("nan")
+        parts = zip(self.seconds, self.epochs, self.update, strict=True)
         return {
             "wall": median(self.seconds),
             "epochs": median(self.epochs),
             "update": median(self.update),
+            # Each update's own rest: medians of wall and parts taken apart would not add up.
+            "rest": median(w - e - u for w, e, u in parts),
             "pure": pure,
             "run_epoch": run_epoch_s,
             "ratio": ratio,
@@ -356,7 +360,7 @@ def fit_case(
 
 
 #: The figures of a case's rounds that :func:`summarise` takes the median of.
-FIGURES = ("wall", "epochs", "update", "run_epoch", "pure", "ratio")
+FIGURES = ("wall", "epochs", "update", "rest", "run_epoch", "pure", "ratio")
 
 
 def summarise(runs: list[dict[str, float]], first: list[dict[str, float]]) -> dict[str, float]:
@@ -404,7 +408,7 @@ def print_overhead(
     timer_class = _WallTimer if wall_only else _UpdateTimer
     print(
         f"{'host':>11} | {'n_envs':>6} | {'threads':>7} | {'workers':>7} | "
-        f"{'wall s/update':>13} | {'host epochs s':>13} | {'update s':>8} | "
+        f"{'wall s/update':>13} | {'host epochs s':>13} | {'update s':>8} | {'rest s':>6} | "
         f"{'run_epoch s':>11} | {'pure host s':>11} | {'ratio':>5} | {'wall / 1 thread':>15}"
     )
     for host in hosts or list(HOSTS):
@@ -423,6 +427,7 @@ def print_overhead(
                 print(
                     f"{host:>11} | {n:>6} | {count:>7} | {runs[0]['workers']:>7} | "
                     f"{row['wall']:>13.3f} | {row['epochs']:>13.3f} | {row['update']:>8.3f} | "
+                    f"{row['rest']:>6.3f} | "
                     f"{row['run_epoch']:>11.3f} | {row['pure']:>11.3f} | "
                     f"{row['ratio']:>5.3f} | {row['vs_first']:>15.3f}",
                     flush=True,

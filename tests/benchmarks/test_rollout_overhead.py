@@ -63,6 +63,7 @@ def test_each_round_s_thread_ratio_pairs_fits_that_ran_side_by_side() -> None:
             "wall": wall,
             "epochs": wall - 0.5,
             "update": 0.1 * wall,
+            "rest": 0.4 * wall,
             "run_epoch": wall - 1,
             "pure": pure,
             "ratio": ratio,
@@ -79,6 +80,7 @@ def test_each_round_s_thread_ratio_pairs_fits_that_ran_side_by_side() -> None:
         1.2,
     )
     assert row["update"] == pytest.approx(1.3)
+    assert row["rest"] == pytest.approx(5.2)
     assert row["vs_first"] == pytest.approx(0.6)  # rounds 0.6, 0.65, 0.5; medians alone 0.65
     assert bench.summarise(one, one)["vs_first"] == 1.0
 
@@ -120,6 +122,8 @@ def test_wall_over_pure_is_the_median_of_each_update_s_own_ratio() -> None:
     figures = timer.medians()
     assert (figures["wall"], figures["pure"], figures["run_epoch"]) == (3.0, 2.0, 2.5)
     assert (figures["epochs"], figures["update"]) == (2.6, 0.2)
+    # Rests 0.1, 0.2, 0.1 (each update's own); medians taken apart give 3.0 - 2.6 - 0.2.
+    assert figures["rest"] == pytest.approx(0.1)
     assert figures["ratio"] == pytest.approx(1.1)  # ratios 1.1, 1.1, 1.5; medians alone 1.5
     assert (figures["workers"], figures["group"]) == (2, 4)
 
