@@ -96,7 +96,7 @@ class _UpdateTimer(EsperCallback):
         self.pure: list[float] = []
         self.run_epoch: list[float] = []
         #: Per timed update: seconds of its host epochs in the fit, and of its PPO update.
-        self.epochs: list[float] = []
+        self.host_epochs: list[float] = []
         self.update: list[float] = []
         self._batches: tuple[list[Batch], list[Batch]] | None = None
         self._epochs = 0
@@ -117,14 +117,14 @@ class _UpdateTimer(EsperCallback):
                 start = time.perf_counter()
                 self._excluded += start - tick
                 result = original()
-                self.epochs[-1] += time.perf_counter() - start
+                self.host_epochs[-1] += time.perf_counter() - start
                 return result
 
             env.train_epoch = measured  # type: ignore[method-assign]
         if trainer.current_epoch >= self.warmup:
             self.pure.append(0.0)
             self.run_epoch.append(0.0)
-            self.epochs.append(0.0)
+            self.host_epochs.append(0.0)
             self.update.append(0.0)
         self._excluded = 0.0
         self._start = time.perf_counter()
@@ -156,10 +156,10 @@ class _UpdateTimer(EsperCallback):
             ratio = median(w / p for w, p in pairs)
         else:
             pure = run_epoch_s = ratio = float("nan")
-        parts = zip(self.seconds, self.epochs, self.update, strict=True)
+        parts = zip(self.seconds, self.host_epochs, self.update, strict=True)
         return {
             "wall": median(self.seconds),
-            "epochs": median(self.epochs),
+            "host_epochs": median(self.host_epochs),
             "update": median(self.update),
             # Each update's own rest: medians of wall and parts taken apart would not add up.
             "rest": median(w - e - u for w, e, u in parts),
@@ -360,7 +360,7 @@ def fit_case(
 
 
 #: The figures of a case's rounds that :func:`summarise` takes the median of.
-FIGURES = ("wall", "epochs", "update", "rest", "run_epoch", "pure", "ratio")
+FIGURES = ("wall", "host_epochs", "update", "rest", "run_epoch", "pure", "ratio")
 
 
 def summarise(runs: list[dict[str, float]], first: list[dict[str, float]]) -> dict[str, float]:
@@ -426,7 +426,7 @@ def print_overhead(
                 row = summarise(runs, cases[counts[0]])
                 print(
                     f"{host:>11} | {n:>6} | {count:>7} | {runs[0]['workers']:>7} | "
-                    f"{row['wall']:>13.3f} | {row['epochs']:>13.3f} | {row['update']:>8.3f} | "
+                    f"{row['wall']:>13.3f} | {row['host_epochs']:>13.3f} | {row['update']:>8.3f} | "
                     f"{row['rest']:>6.3f} | "
                     f"{row['run_epoch']:>11.3f} | {row['pure']:>11.3f} | "
                     f"{row['ratio']:>5.3f} | {row['vs_first']:>15.3f}",

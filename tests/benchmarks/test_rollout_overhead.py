@@ -61,7 +61,7 @@ def test_each_round_s_thread_ratio_pairs_fits_that_ran_side_by_side() -> None:
     def rnd(wall: float, pure: float, ratio: float) -> dict[str, float]:
         return {
             "wall": wall,
-            "epochs": wall - 0.5,
+            "host_epochs": wall - 0.5,
             "update": 0.1 * wall,
             "rest": 0.4 * wall,
             "run_epoch": wall - 1,
@@ -72,7 +72,7 @@ def test_each_round_s_thread_ratio_pairs_fits_that_ran_side_by_side() -> None:
     one = [rnd(w, w, 1.0) for w in (10.0, 20.0, 30.0)]
     two = [rnd(w, w - 2, r) for w, r in ((6.0, 1.2), (13.0, 1.1), (15.0, 1.3))]
     row = bench.summarise(two, one)
-    assert (row["wall"], row["epochs"], row["run_epoch"], row["pure"], row["ratio"]) == (
+    assert (row["wall"], row["host_epochs"], row["run_epoch"], row["pure"], row["ratio"]) == (
         13.0,
         12.5,
         12.0,
@@ -118,10 +118,10 @@ def test_wall_over_pure_is_the_median_of_each_update_s_own_ratio() -> None:
     """A machine that drifts between updates must not bend wall / pure either."""
     timer = _load()._UpdateTimer(warmup=0, data=None, workers=2, group=4)
     timer.seconds, timer.pure, timer.run_epoch = [2.2, 4.4, 3.0], [2.0, 4.0, 2.0], [2.1, 4.1, 2.5]
-    timer.epochs, timer.update = [2.0, 4.0, 2.6], [0.1, 0.2, 0.3]
+    timer.host_epochs, timer.update = [2.0, 4.0, 2.6], [0.1, 0.2, 0.3]
     figures = timer.medians()
     assert (figures["wall"], figures["pure"], figures["run_epoch"]) == (3.0, 2.0, 2.5)
-    assert (figures["epochs"], figures["update"]) == (2.6, 0.2)
+    assert (figures["host_epochs"], figures["update"]) == (2.6, 0.2)
     # Rests 0.1, 0.2, 0.1 (each update's own); medians taken apart give 3.0 - 2.6 - 0.2.
     assert figures["rest"] == pytest.approx(0.1)
     assert figures["ratio"] == pytest.approx(1.1)  # ratios 1.1, 1.1, 1.5; medians alone 1.5
@@ -135,23 +135,21 @@ def test_wall_only_times_the_updates_and_nothing_beside_them() -> None:
     timer.pure.append(0.0)
     timer.run_epoch.append(0.0)
     timer._measure_copies(_hosts(2), pure_first=True)  # data=None: any copy would fail
-    timer.seconds, timer.epochs, timer.update = [3.0], [2.5], [0.2]
+    timer.seconds, timer.host_epochs, timer.update = [3.0], [2.5], [0.2]
     figures = timer.medians()
-    assert (figures["wall"], figures["epochs"], figures["update"]) == (3.0, 2.5, 0.2)
+    assert (figures["wall"], figures["host_epochs"], figures["update"]) == (3.0, 2.5, 0.2)
     assert all(math.isnan(figures[key]) for key in ("pure", "run_epoch", "ratio"))
 
 
-def test_the_wall_s_split_is_timed_inside_each_update(tmp_path: Path) -> None:
-    """In a real fit, each update's host epochs and PPO update are timed, inside its wall."""
-    bench = _load()
+def tiny_fit(timer: L.Callback, root: Path, updates: int = 3) -> None:
+    """A real ``Trainer.fit`` of a small PPOModule (4 envs, 3-epoch episodes) with ``timer``."""
     data = DATAMODULES.get("synthetic")(
         input_shape=[3, 8, 8], n_classes=4, n_train=64, n_val=32, batch_size=16
     )
     module = PPOModule(n_envs=4, episode_epochs=3, host_kwargs={"channels": [4, 8]})
-    timer = bench._WallTimer(warmup=1, data=data, workers=1, group=None)
     trainer = L.Trainer(
-        default_root_dir=tmp_path,
-        max_epochs=3,
+        default_root_dir=root,
+        max_epochs=updates,
         logger=False,
         callbacks=[timer],
         enable_progress_bar=False,
@@ -160,7 +158,13 @@ def test_the_wall_s_split_is_timed_inside_each_update(tmp_path: Path) -> None:
     )
     trainer.fit(module, datamodule=data)
 
-    assert len(timer.seconds) == len(timer.epochs) == len(timer.update) == 2  # 1 warm-up
-    for wall, epochs, update in zip(timer.seconds, timer.epochs, timer.update, strict=True):
+
+def test_the_wall_s_split_is_timed_inside_each_update(tmp_path: Path) -> None:
+    """In a real fit, each update's host epochs and PPO update are timed, inside its wall."""
+    timer = _load()._WallTimer(warmup=1, data=None, workers=1, group=None)
+    tiny_fit(timer, tmp_path)
+
+    assert len(timer.seconds) == len(timer.host_epochs) == len(timer.update) == 2  # 1 warm-up
+    for wall, epochs, update in zip(timer.seconds, timer.host_epochs, timer.update, strict=True):
         assert epochs > 0.0 and update > 0.0
         assert epochs + update < wall

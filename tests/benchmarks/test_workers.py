@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import torch
 
+from esper.tolaria.data import DATAMODULES
 from tests.benchmarks.loading import load_benchmark
-from tests.benchmarks.test_rollout_overhead import _hosts
+from tests.benchmarks.test_rollout_overhead import _hosts, tiny_fit
 
 
 def _load():  # type: ignore[no-untyped-def]
@@ -52,3 +54,18 @@ def test_threads_and_processes_train_what_the_sequential_pure_compute_trains() -
 
 def test_envs_split_round_robin_over_the_workers() -> None:
     assert _load()._split(5, 2) == [[0, 2, 4], [1, 3]]
+
+
+def test_the_recorder_keeps_each_timed_epoch_s_hosts_in_a_real_fit(tmp_path: Path) -> None:
+    """One copy of the hosts per host epoch of the timed updates (3 per 3-epoch episode),
+    beside the wall figures of the timer it extends."""
+    bench = _load()
+    data = DATAMODULES.get("synthetic")(
+        input_shape=[3, 8, 8], n_classes=4, n_train=64, n_val=32, batch_size=16
+    )
+    recorder = bench._Recorder(1, data, 1, None)
+    tiny_fit(recorder, tmp_path)
+
+    assert len(recorder.epochs) == 2 * 3  # 2 timed updates after 1 warm-up
+    assert all(len(hosts) == 4 for hosts in recorder.epochs)
+    assert len(recorder.seconds) == len(recorder.host_epochs) == 2
