@@ -11,9 +11,12 @@ number of seeds.
 
 The arithmetic is torch's SGD (``torch.optim.sgd``: weight decay added to the gradient,
 momentum buffer started as a copy of the first gradient, then ``buf * momentum + grad``,
-parameter ``- lr * buf``), op for op, so results are bit-identical to calling each
-optimizer's ``step``; the momentum buffers stay in each optimizer's ``state`` under torch's
-key, so optimizer state dicts, and checkpoints, are unchanged.
+parameter ``- lr * buf``), op for op. On the CPU, where torch steps SGD one tensor at a
+time, the ``_foreach`` ops run the same kernels tensor by tensor, and results are
+bit-identical to calling each optimizer's ``step`` (``tests/kasmina/test_sgd.py``); on
+CUDA they are the ops of torch's own multi-tensor SGD, its default there (not checked on
+a GPU here). The momentum buffers stay in each optimizer's ``state`` under torch's key,
+so optimizer state dicts, and checkpoints, are unchanged.
 """
 
 from __future__ import annotations
