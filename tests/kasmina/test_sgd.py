@@ -41,6 +41,7 @@ def _train(
     step: str,
     steps: int,
     frozen: nn.Parameter | None = None,
+    device: str = "cpu",
 ) -> None:
     """``steps`` steps on fixed random data, each optimizer stepped by its own ``step`` or
     all of them by :func:`sgd_step`; ``frozen`` gets no gradient until the last step."""
@@ -51,8 +52,8 @@ def _train(
                 opt.zero_grad(set_to_none=True)
         else:
             clear_grads(optimizers)
-        x = torch.randn(6, 3, 6, 6, generator=gen)
-        y = torch.randint(0, 5, (6,), generator=gen)
+        x = torch.randn(6, 3, 6, 6, generator=gen).to(device)
+        y = torch.randint(0, 5, (6,), generator=gen).to(device)
         nn.functional.cross_entropy(net(x), y).backward()
         if frozen is not None and k < steps - 1:
             frozen.grad = None  # no gradient yet: its momentum buffer starts later
@@ -95,6 +96,26 @@ def test_sgd_step_is_bit_identical_to_each_optimizers_step(
     my_opts = _optimizers(mine, lrs, momentum, weight_decay)
     _train(ref, ref_opts, "torch", steps, ref[0].bias if late_grad else None)
     _train(mine, my_opts, "sgd_step", steps, mine[0].bias if late_grad else None)
+    _assert_same(ref, mine, ref_opts, my_opts)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("torch_foreach", [None, False], ids=["torch-default", "single-tensor"])
+@pytest.mark.parametrize("late_grad", [False, True])
+def test_on_cuda_sgd_step_is_bit_identical_to_torch_s_step(
+    torch_foreach: bool | None, late_grad: bool
+) -> None:
+    """On CUDA torch steps SGD with its multi-tensor ops by default; sgd_step equals both
+    that and its one-tensor-at-a-time path there."""
+    ref, mine = _net(0).cuda(), _net(0).cuda()
+    ref_opts = _optimizers(ref, (0.05, 0.1), 0.9, 5e-4)
+    my_opts = _optimizers(mine, (0.05, 0.1), 0.9, 5e-4)
+    for opt in (*ref_opts, *my_opts):  # sgd_step ignores it; set alike, state dicts compare
+        for group in opt.param_groups:
+            group["foreach"] = torch_foreach
+    _train(ref, ref_opts, "torch", 4, ref[0].bias if late_grad else None, device="cuda")
+    _train(mine, my_opts, "sgd_step", 4, mine[0].bias if late_grad else None, device="cuda")
     _assert_same(ref, mine, ref_opts, my_opts)
 
 
