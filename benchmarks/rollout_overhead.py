@@ -400,7 +400,8 @@ def print_overhead(
     print(
         f"overhead: synthetic 3x32x32, 10 classes, 1000 train / 200 val, "
         f"{IMAGES_PER_ENV_STEP} images per env per step (batch {IMAGES_PER_ENV_STEP} x paired "
-        f"group, or x n_envs unpaired), episode_epochs={episode_epochs}, {updates} timed updates after {warmup} "
+        f"group, or x n_envs unpaired), episode_epochs={episode_epochs}, "
+        f"{updates} timed updates after {warmup} "
         f"warm-up, torch threads {counts} (torch.set_num_threads) in turn, "
         f"{rounds} round(s), cpu_workers={cpu_workers}"
         + (", updates timed alone (no pure or run_epoch figures)" if wall_only else "")

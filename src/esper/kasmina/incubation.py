@@ -23,9 +23,10 @@ seeds' parameters get gradients, and only their own buffers update. It costs one
 forward and a seed-only backward per batch, and only while some slot of the host has a
 seed in TRAINING. The forward starts at the first incubating slot, from what reached it
 in the host's own forward of the same batch (:func:`recording_start`): the layers before
-it would compute exactly that again, since no optimiser has stepped in between. On the predecessor's CNN host at batch 16, one
-thread, this cut the pass from 6.0/4.8/4.5 ms to 4.6/2.5/1.5 ms for a seed in its
-first/second/third slot, with bit-identical seed gradients.
+it would compute exactly that again, since no optimiser has stepped in between. On the
+predecessor's CNN host at batch 16, one thread, this cut the pass from 6.0/4.8/4.5 ms to
+4.6/2.5/1.5 ms for a seed in its first/second/third slot, with bit-identical seed
+gradients.
 """
 
 from __future__ import annotations
