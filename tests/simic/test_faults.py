@@ -16,7 +16,7 @@ from esper.callbacks.base import EsperCallback
 from esper.callbacks.checkpoint import EsperCheckpointIO, default_checkpoints
 from esper.contracts.rollout import StepBatch
 from esper.simic.module import PPOModule, RunFailure
-from esper.tolaria.data import SyntheticImageDataModule
+from esper.tolaria.data import DataSplits, SyntheticImageDataModule
 from tests.simic.envs import small_data
 
 #: Faults are planted during this update (0-based), after update 0 was checkpointed.
@@ -96,9 +96,9 @@ class _CrashingData(SyntheticImageDataModule):
         super().__init__(n_train=64, n_val=32, batch_size=16, val_batch_size=32, num_workers=1)
         self.flag = flag
 
-    def _build_datasets(self):  # type: ignore[no-untyped-def]
-        train, val = super()._build_datasets()
-        return _CrashAfterFlag(train, self.flag), val
+    def _build_datasets(self) -> DataSplits:
+        splits = super()._build_datasets()
+        return splits._replace(train=_CrashAfterFlag(splits.train, self.flag))  # type: ignore[arg-type]
 
 
 class _RaiseFlag(EsperCallback):

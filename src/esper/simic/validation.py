@@ -139,6 +139,9 @@ def _check_data(datamodule: HostDataModule, envs_per_rank: int, world_size: int)
             f"split across the envs and every env needs at least one sample; "
             f"allowed: data.batch_size >= {envs_per_rank} (or fewer model.n_envs)",
         )
+    # Not the test split, not even its size: a fit must never read it (only evaluation
+    # does, through host_test_dataloader), and each data module refuses, when it is built,
+    # the arguments that would leave it empty.
     try:
         n_train, n_val = datamodule.train_size, datamodule.val_size
     except ConfigError as exc:  # the data module refused an argument while loading

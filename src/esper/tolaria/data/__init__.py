@@ -1,9 +1,10 @@
 """Host data modules and their registry (entry-point group ``esper.datamodules``).
 
 A data-module plugin is a :class:`HostDataModule` subclass, built with keyword
-arguments from the config. Built-ins: ``digits`` (embedded, no download), ``cifar10``
-(needs the python-pickle release on disk), ``synthetic`` (Gaussian images for tests)
-and ``tokens`` (next-token sequences for the Transformer host).
+arguments from the config; it builds :class:`DataSplits` (train, val and a held-out
+test split that only evaluation reads). Built-ins: ``digits`` (embedded, no download),
+``cifar10`` (needs the python-pickle release on disk), ``synthetic`` (Gaussian images
+for tests) and ``tokens`` (next-token sequences for the Transformer host).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from esper.plugins import Registry
 from esper.tolaria.data.base import (
     TASK_CLASSIFICATION,
     TASK_LANGUAGE_MODEL,
+    DataSplits,
     HostDataModule,
     Task,
 )
@@ -45,6 +47,7 @@ __all__ = [
     "TASK_CLASSIFICATION",
     "TASK_LANGUAGE_MODEL",
     "Cifar10DataModule",
+    "DataSplits",
     "DigitsDataModule",
     "HostDataModule",
     "SyntheticImageDataModule",

@@ -3,6 +3,12 @@
 The trainer splits each train batch across its parallel environments, so every
 train batch must have exactly ``batch_size`` rows: hence ``drop_last=True`` and the
 check that the train split holds at least one full batch.
+
+Every module builds three splits (:class:`DataSplits`). The validation split is not
+held out from the run: it pays the policy's reward, feeds its observations, opens the
+lifecycle gates and picks the best checkpoint, so a figure measured on it is biased in
+the run's favour. The test split is the one held out: training never reads it, and only
+:meth:`HostDataModule.host_test_dataloader` (which evaluation calls) does.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 from abc import ABC, abstractmethod
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -28,6 +34,22 @@ DEFAULT_NUM_WORKERS = 0
 DEFAULT_SEED = 0
 
 
+class DataSplits(NamedTuple):
+    """The three splits ``HostDataModule._build_datasets`` returns, each with its own job.
+
+    Attributes:
+        train: what the hosts train on, in shuffled batches of ``batch_size``.
+        val: what the run itself measures: it pays the reward, feeds the observations,
+            opens the gates and picks the best checkpoint, so it cannot report results.
+        test: held out from all of that; read only through ``host_test_dataloader``,
+            by evaluation, so its figures are unbiased by the run.
+    """
+
+    train: TensorDataset
+    val: TensorDataset
+    test: TensorDataset
+
+
 class _RolloutTicks(Dataset[int]):
     """A one-item dataset: the item is a tick that starts one rollout."""
 
@@ -43,8 +65,18 @@ class _RolloutTicks(Dataset[int]):
 class HostDataModule(LightningDataModule, ABC):
     """Base for the data a host network trains on.
 
-    Subclasses only build two ``TensorDataset``s; the loaders, the seeding and the
-    batch-size check live here so every data source behaves the same for the trainer.
+    Subclasses only build three ``TensorDataset``s (:class:`DataSplits`: train, val,
+    test); the loaders, the seeding and the batch-size check live here so every data
+    source behaves the same for the trainer.
+
+    Training reads train and val only. Validation cannot report results: it pays the RL
+    reward, feeds the observations, opens the lifecycle gates and picks the best
+    checkpoint. So every module also holds out a test split that nothing in a fit reads
+    (not training, rewards, observations, gates or checkpoint selection); only
+    :meth:`host_test_dataloader` reads it, and only evaluation calls that. There is no
+    Lightning ``test_dataloader`` hook on purpose: ``trainer.test`` is not how Esper
+    evaluates, and a hook would invite reading the test split mid-run.
+
     Batches are ``(x, y)``: classification gives float32 ``x`` and int64 ``y [B]``;
     language modelling gives int64 ``x [B, T]`` and ``y [B, T]`` with ``y`` the
     next-token targets of ``x``.
@@ -98,6 +130,7 @@ class HostDataModule(LightningDataModule, ABC):
             self.seed = require_int("seed", seed, 0)
         self._train_set: TensorDataset | None = None
         self._val_set: TensorDataset | None = None
+        self._test_set: TensorDataset | None = None
 
     @property
     @abstractmethod
@@ -115,14 +148,22 @@ class HostDataModule(LightningDataModule, ABC):
         """Classes for classification, vocabulary size for language modelling."""
 
     @abstractmethod
-    def _build_datasets(self) -> tuple[TensorDataset, TensorDataset]:
-        """Load or generate the (train, val) datasets; called at most once per module."""
+    def _build_datasets(self) -> DataSplits:
+        """Load or generate ``DataSplits(train, val, test)``; called at most once per module.
+
+        The three must not share samples, and the test split must not depend on ``seed``
+        (runs that vary the shuffle are then scored on the very same test samples).
+        """
 
     def setup(self, stage: str | None = None) -> None:
-        """Build the tensors once; Lightning calls this per stage, so later calls are no-ops."""
+        """Build the tensors once; Lightning calls this per stage, so later calls are no-ops.
+
+        The test split is stored but not looked at (not even its length): a fit calls
+        this, and a fit must not read the test split.
+        """
         if self._train_set is not None:
             return
-        train_set, val_set = self._build_datasets()
+        train_set, val_set, test_set = _as_splits(self._build_datasets(), type(self))
         if len(train_set) < self.batch_size:
             raise ConfigError(
                 "batch_size",
@@ -131,7 +172,7 @@ class HostDataModule(LightningDataModule, ABC):
                 "more training data",
                 type(self),
             )
-        self._train_set, self._val_set = train_set, val_set
+        self._train_set, self._val_set, self._test_set = train_set, val_set, test_set
 
     @property
     def train_dataset(self) -> TensorDataset:
@@ -148,12 +189,23 @@ class HostDataModule(LightningDataModule, ABC):
         return self._val_set
 
     @property
+    def test_dataset(self) -> TensorDataset:
+        """The held-out test split, for evaluation only; nothing in a fit reads it."""
+        self.setup()
+        assert self._test_set is not None
+        return self._test_set
+
+    @property
     def train_size(self) -> int:
         return len(self.train_dataset)
 
     @property
     def val_size(self) -> int:
         return len(self.val_dataset)
+
+    @property
+    def test_size(self) -> int:
+        return len(self.test_dataset)
 
     def train_dataloader(self) -> DataLoader:
         """What Lightning's fit loop iterates: one item per rollout, not host batches.
@@ -196,9 +248,48 @@ class HostDataModule(LightningDataModule, ABC):
             **self._loader_kwargs(),
         )
 
+    def host_test_dataloader(self) -> DataLoader:
+        """Host batches of the held-out test split, for evaluation only.
+
+        Built like :meth:`host_val_dataloader` (every test sample counts, so no shuffle
+        and no dropped tail, ``val_batch_size`` per batch); training never calls it.
+        """
+        return DataLoader(
+            self.test_dataset,
+            batch_size=self.val_batch_size,
+            shuffle=False,
+            drop_last=False,
+            **self._loader_kwargs(),
+        )
+
     def _loader_kwargs(self) -> dict[str, object]:
         return {
             "num_workers": self.num_workers,
             "persistent_workers": self.num_workers > 0,
             "pin_memory": torch.cuda.is_available(),
         }
+
+
+def _as_splits(built: object, cls: type) -> DataSplits:
+    """``built`` as ``DataSplits``: a plain tuple of three datasets is accepted too.
+
+    Anything else (the old ``(train, val)`` pair above all) is a plugin written for an
+    older Esper; a TypeError that says what to return beats an unpacking error.
+    """
+    n_splits = len(DataSplits._fields)
+    if (
+        isinstance(built, tuple)
+        and len(built) == n_splits
+        and all(isinstance(part, Dataset) for part in built)
+    ):
+        return DataSplits(*built)
+    got = (
+        f"a tuple of {len(built)} ({', '.join(type(part).__name__ for part in built)})"
+        if isinstance(built, tuple)
+        else type(built).__name__
+    )
+    raise TypeError(
+        f"{cls.__name__}._build_datasets returned {got}; it must return "
+        "DataSplits(train, val, test) (esper.tolaria.data.DataSplits), three datasets "
+        "with the test split held out from training"
+    )

@@ -17,13 +17,14 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from esper.contracts.config_errors import ConfigError, require_int
+from esper.contracts.config_errors import ConfigError, require_int, require_number
 from esper.tolaria.data.base import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_NUM_WORKERS,
     DEFAULT_SEED,
     DEFAULT_VAL_BATCH_SIZE,
     TASK_CLASSIFICATION,
+    DataSplits,
     HostDataModule,
     Task,
 )
@@ -34,8 +35,8 @@ CIFAR10_N_TRAIN_BATCHES = 5
 CIFAR10_TRAIN_FILES: tuple[str, ...] = tuple(
     f"data_batch_{i}" for i in range(1, CIFAR10_N_TRAIN_BATCHES + 1)
 )
-CIFAR10_VAL_FILE = "test_batch"
-CIFAR10_EXPECTED_FILES: tuple[str, ...] = (*CIFAR10_TRAIN_FILES, CIFAR10_VAL_FILE)
+CIFAR10_TEST_FILE = "test_batch"
+CIFAR10_EXPECTED_FILES: tuple[str, ...] = (*CIFAR10_TRAIN_FILES, CIFAR10_TEST_FILE)
 CIFAR10_SHAPE: tuple[int, int, int] = (3, 32, 32)
 CIFAR10_N_CHANNELS = CIFAR10_SHAPE[0]
 CIFAR10_ROW_LENGTH = CIFAR10_SHAPE[0] * CIFAR10_SHAPE[1] * CIFAR10_SHAPE[2]  # 3072 bytes
@@ -45,6 +46,8 @@ PIXEL_LEVELS = 256
 PIXEL_MAX = 255.0
 # Guards the division for a degenerate (e.g. constant) channel in a tiny subset.
 MIN_STD = 1e-8
+# Validation: the front tenth of each training batch file (1000 images each, 5000 in all).
+DEFAULT_VAL_FRACTION = 0.1
 
 # The release pickles hold only a dict of bytes, lists and numpy arrays; refusing every
 # other global means a tampered file cannot run code when it is loaded.
@@ -86,33 +89,52 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
 
 
 class Cifar10DataModule(HostDataModule):
-    """The 50 000 train / 10 000 test images; validation is the official ``test_batch``.
+    """The release's 50 000 training images split into train and validation; its
+    10 000 ``test_batch`` images are the test split.
+
+    Validation is what the run itself reads (it pays the reward, opens the gates and
+    picks the best checkpoint), so it cannot be the official test set: that is held
+    out as the test split, which training never reads and only evaluation does. The
+    validation split is carved from the training batch files instead: the first
+    ``val_fraction`` of each ``data_batch_i`` file (in file order) is validation and the
+    rest of that file is train, so with the default 0.1 the splits are 45 000 train,
+    5 000 validation and 10 000 test images. Both depend on the release and
+    ``val_fraction`` only, never on the seed.
 
     ``root`` may be the ``cifar-10-batches-py`` folder itself or the folder that holds
     it (where the archive was extracted). The files are checked at construction, so a
     wrong path fails before any model is built. Inputs are scaled to [0, 1] and then
     standardised per channel with the mean and std of the train split in use, so
-    validation statistics never leak into training.
+    neither held-out split leaks into training.
 
-    ``limit_train`` / ``limit_val`` keep only the first N images of each split (the
-    release batches are already shuffled, so a prefix is close to class-balanced);
-    batch files past the limit are not even read, which makes smoke runs fast.
+    ``limit_train`` / ``limit_val`` / ``limit_test`` keep only the first N images of
+    each split (the release batches are already shuffled, so a prefix is close to
+    class-balanced); each limit takes a prefix of the same full split, so a limit never
+    changes which images the other splits hold. Training batch files past what both
+    limits need are not even read, which makes smoke runs fast: with ``limit_train``
+    up to 9 000 and ``limit_val`` up to 1 000, only ``data_batch_1`` is read.
 
     Args:
         root: the extracted cifar-10-batches-py folder, or the folder that holds it
             (download the python release once; nothing is downloaded for you).
+        val_fraction: the front fraction of each training batch file held out for
+            validation, strictly between 0 and 1; the rest of the file is train.
         limit_train: keep only the first N training images, for fast smoke runs; null
-            uses all 50 000.
-        limit_val: keep only the first N validation images (of test_batch); null uses
-            all 10 000.
+            uses all of them (45 000 with the default val_fraction).
+        limit_val: keep only the first N validation images; null uses all of them
+            (5 000 with the default val_fraction).
+        limit_test: keep only the first N test images (of test_batch), read only by
+            evaluation; null uses all 10 000.
     """
 
     def __init__(
         self,
         root: str | os.PathLike[str],
         *,
+        val_fraction: float = DEFAULT_VAL_FRACTION,
         limit_train: int | None = None,
         limit_val: int | None = None,
+        limit_test: int | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
         val_batch_size: int = DEFAULT_VAL_BATCH_SIZE,
         num_workers: int = DEFAULT_NUM_WORKERS,
@@ -128,6 +150,9 @@ class Cifar10DataModule(HostDataModule):
             None if limit_train is None else require_int("limit_train", limit_train, 1)
         )
         self.limit_val = None if limit_val is None else require_int("limit_val", limit_val, 1)
+        self.limit_test = None if limit_test is None else require_int("limit_test", limit_test, 1)
+        require_number("val_fraction", val_fraction, above=0.0, below=1.0)
+        self.val_fraction = float(val_fraction)
         if not isinstance(root, str | os.PathLike) or not os.fspath(root):
             raise ConfigError("root", f"must be a non-empty path to CIFAR-10, got {root!r}")
         self.data_dir = find_cifar10_dir(root)
@@ -147,17 +172,32 @@ class Cifar10DataModule(HostDataModule):
     def n_classes(self) -> int:
         return CIFAR10_N_CLASSES
 
-    def _build_datasets(self) -> tuple[TensorDataset, TensorDataset]:
+    def _build_datasets(self) -> DataSplits:
         try:
-            train_x, train_y = _load_split(self.data_dir, CIFAR10_TRAIN_FILES, self.limit_train)
-            val_x, val_y = _load_split(self.data_dir, (CIFAR10_VAL_FILE,), self.limit_val)
+            (train_x, train_y), (val_x, val_y) = _load_train_and_val(
+                self.data_dir, self.val_fraction, self.limit_train, self.limit_val
+            )
+            test_x, test_y = _load_test(self.data_dir, self.limit_test)
         except ValueError as exc:  # a damaged file: named by the key that points at it
             raise ConfigError("root", str(exc), type(self)) from exc
+        if len(val_y) == 0:
+            raise ConfigError(
+                "root",
+                f"the training batch files in {self.data_dir} leave no image for validation "
+                "(a file needs at least 2 images to give one to each split); re-extract "
+                f"them from {CIFAR10_URL}",
+                type(self),
+            )
         mean, std = _channel_stats(train_x)
         self.channel_mean, self.channel_std = tuple(mean.tolist()), tuple(std.tolist())
-        return (
-            TensorDataset(_standardise(train_x, mean, std), torch.from_numpy(train_y)),
-            TensorDataset(_standardise(val_x, mean, std), torch.from_numpy(val_y)),
+
+        def standardised(x: np.ndarray, y: np.ndarray) -> TensorDataset:
+            return TensorDataset(_standardise(x, mean, std), torch.from_numpy(y))
+
+        return DataSplits(
+            standardised(train_x, train_y),
+            standardised(val_x, val_y),
+            standardised(test_x, test_y),
         )
 
 
@@ -202,24 +242,54 @@ def _download_hint(root: Path) -> str:
     )
 
 
-def _load_split(
-    data_dir: Path, files: Sequence[str], limit: int | None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenate batch files in order, stopping once ``limit`` rows are in hand."""
-    xs: list[np.ndarray] = []
-    ys: list[np.ndarray] = []
-    n_rows = 0
-    for name in files:
-        x, y = load_cifar10_batch(data_dir / name)
-        xs.append(x)
-        ys.append(y)
-        n_rows += len(y)
-        if limit is not None and n_rows >= limit:
+def _load_train_and_val(
+    data_dir: Path, val_fraction: float, limit_train: int | None, limit_val: int | None
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """(train, validation) from the training batch files, read in order.
+
+    Each file's first ``_val_rows(len(file), val_fraction)`` rows go to validation and
+    the rest to train; reading stops once both limits are met, and each split is then
+    cut to its limit.
+    """
+    parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {"train": [], "val": []}
+    limits = {"train": limit_train, "val": limit_val}
+    for name in CIFAR10_TRAIN_FILES:
+        if all(_reached(parts[split], limits[split]) for split in parts):
             break
-    x_all, y_all = np.concatenate(xs), np.concatenate(ys)
+        x, y = load_cifar10_batch(data_dir / name)
+        n_val = _val_rows(len(y), val_fraction)
+        parts["val"].append((x[:n_val], y[:n_val]))
+        parts["train"].append((x[n_val:], y[n_val:]))
+    train = _concat_prefix(parts["train"], limit_train)
+    val = _concat_prefix(parts["val"], limit_val)
+    return train, val
+
+
+def _val_rows(n_rows: int, val_fraction: float) -> int:
+    """Validation rows of a training batch file: ``round(val_fraction * n_rows)``,
+    clamped so a file of two or more rows gives at least one to each split."""
+    return min(max(round(val_fraction * n_rows), 1), n_rows - 1) if n_rows > 1 else 0
+
+
+def _reached(chunks: Sequence[tuple[np.ndarray, np.ndarray]], limit: int | None) -> bool:
+    return limit is not None and sum(len(y) for _, y in chunks) >= limit
+
+
+def _concat_prefix(
+    chunks: Sequence[tuple[np.ndarray, np.ndarray]], limit: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The chunks joined in order, then cut to the first ``limit`` rows."""
+    x_all = np.concatenate([x for x, _ in chunks])
+    y_all = np.concatenate([y for _, y in chunks])
     if limit is not None:
         x_all, y_all = x_all[:limit], y_all[:limit]
     return x_all, y_all
+
+
+def _load_test(data_dir: Path, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """The test split: ``test_batch``, cut to its first ``limit`` rows."""
+    x, y = load_cifar10_batch(data_dir / CIFAR10_TEST_FILE)
+    return (x, y) if limit is None else (x[:limit], y[:limit])
 
 
 def load_cifar10_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -20,6 +20,7 @@ from esper.tolaria.data.base import (
     DEFAULT_SEED,
     DEFAULT_VAL_BATCH_SIZE,
     TASK_CLASSIFICATION,
+    DataSplits,
     HostDataModule,
     Task,
 )
@@ -28,6 +29,7 @@ DEFAULT_SYNTHETIC_SHAPE: tuple[int, ...] = (1, 8, 8)
 DEFAULT_SYNTHETIC_N_CLASSES = 4
 DEFAULT_SYNTHETIC_N_TRAIN = 512
 DEFAULT_SYNTHETIC_N_VAL = 128
+DEFAULT_SYNTHETIC_N_TEST = 128
 DEFAULT_NOISE_STD = 1.0
 DEFAULT_CLASS_SEPARATION = 1.0
 DEFAULT_DATA_SEED = 0
@@ -37,10 +39,13 @@ MIN_N_CLASSES = 2
 class SyntheticImageDataModule(HostDataModule):
     """``x = separation * prototype[y] + noise_std * N(0, 1)``, float32 ``[N, *input_shape]``.
 
-    Labels cycle through the classes before shuffling, so both splits are balanced to
-    within one sample and hold every class (hence ``n_train, n_val >= n_classes``).
-    The data come from ``data_seed`` alone, separate from the loader's shuffle ``seed``,
-    so runs that vary the shuffle still see the very same samples.
+    Labels cycle through the classes before shuffling, so every split is balanced to
+    within one sample and holds every class (hence ``n_train, n_val, n_test >=
+    n_classes``). The data come from ``data_seed`` alone, separate from the loader's
+    shuffle ``seed``, so runs that vary the shuffle still see the very same samples.
+    One generator draws the prototypes, then the train, validation and test samples in
+    that order: the test samples are fresh draws, and adding them left the train and
+    validation samples exactly what they were before the test split existed.
 
     Args:
         input_shape: shape of one sample, such as [1, 8, 8] (channels, height, width) or
@@ -48,6 +53,7 @@ class SyntheticImageDataModule(HostDataModule):
         n_classes: number of classes (at least 2), each with its own random prototype.
         n_train: training samples; at least n_classes.
         n_val: validation samples; at least n_classes.
+        n_test: held-out test samples, read only by evaluation; at least n_classes.
         noise_std: standard deviation of the noise added to the prototype; raise it for
             a harder task.
         class_separation: scale of the class prototypes; lower it to bring the classes
@@ -62,6 +68,7 @@ class SyntheticImageDataModule(HostDataModule):
         n_classes: int = DEFAULT_SYNTHETIC_N_CLASSES,
         n_train: int = DEFAULT_SYNTHETIC_N_TRAIN,
         n_val: int = DEFAULT_SYNTHETIC_N_VAL,
+        n_test: int = DEFAULT_SYNTHETIC_N_TEST,
         noise_std: float = DEFAULT_NOISE_STD,
         class_separation: float = DEFAULT_CLASS_SEPARATION,
         data_seed: int = DEFAULT_DATA_SEED,
@@ -82,6 +89,7 @@ class SyntheticImageDataModule(HostDataModule):
         every_class = "at least one sample of every class"
         self.n_train = require_int("n_train", n_train, self._n_classes, every_class)
         self.n_val = require_int("n_val", n_val, self._n_classes, every_class)
+        self.n_test = require_int("n_test", n_test, self._n_classes, every_class)
         require_number("noise_std", noise_std, above=0.0)
         require_number("class_separation", class_separation, above=0.0)
         self.noise_std, self.class_separation = float(noise_std), float(class_separation)
@@ -101,16 +109,17 @@ class SyntheticImageDataModule(HostDataModule):
     def n_classes(self) -> int:
         return self._n_classes
 
-    def _build_datasets(self) -> tuple[TensorDataset, TensorDataset]:
+    def _build_datasets(self) -> DataSplits:
         generator = torch.Generator().manual_seed(self.data_seed)
         means = self.class_separation * torch.randn(
             self._n_classes, *self._input_shape, generator=generator
         )
         self.class_means = means
-        return (
-            self._sample(means, self.n_train, generator),
-            self._sample(means, self.n_val, generator),
-        )
+        # In this order: drawing test last keeps train and val what they were without it.
+        train = self._sample(means, self.n_train, generator)
+        val = self._sample(means, self.n_val, generator)
+        test = self._sample(means, self.n_test, generator)
+        return DataSplits(train, val, test)
 
     def _sample(self, means: torch.Tensor, n: int, generator: torch.Generator) -> TensorDataset:
         labels = torch.arange(n) % self._n_classes

@@ -25,6 +25,7 @@ from esper.tolaria.data.base import (
     DEFAULT_SEED,
     DEFAULT_VAL_BATCH_SIZE,
     TASK_LANGUAGE_MODEL,
+    DataSplits,
     HostDataModule,
     Task,
 )
@@ -33,9 +34,11 @@ DEFAULT_VOCAB_SIZE = 16
 DEFAULT_SEQ_LEN = 32
 DEFAULT_TOKEN_N_TRAIN = 512
 DEFAULT_TOKEN_N_VAL = 128
+DEFAULT_TOKEN_N_TEST = 128
 # Successors per token: two keeps the entropy at most 1 bit/step against 4 for uniform.
 DEFAULT_BRANCHING = 2
 DEFAULT_TEXT_VAL_FRACTION = 0.1
+DEFAULT_TEXT_TEST_FRACTION = 0.1
 DEFAULT_DATA_SEED = 0
 MIN_VOCAB_SIZE = 2
 # Text mode needs at least two distinct characters, or there is nothing to predict.
@@ -45,16 +48,24 @@ MIN_TEXT_VOCAB = 2
 class TokenSequenceDataModule(HostDataModule):
     """Next-token batches; ``input_shape`` is ``(seq_len,)`` and ``n_classes`` the vocabulary.
 
-    Synthetic mode (no ``text_path``): ``n_train`` / ``n_val`` sequences from one
-    seeded chain over ``vocab_size`` tokens, each token with ``branching`` successors
-    drawn with random probabilities. ``data_seed`` fixes the chain and the samples;
-    ``seed`` only orders the batches.
+    Every mode builds train, validation and a held-out test split; training never reads
+    the test split (validation pays the reward and opens the gates, so only test can
+    report results), evaluation reads it through ``host_test_dataloader``.
+
+    Synthetic mode (no ``text_path``): ``n_train`` / ``n_val`` / ``n_test`` sequences
+    from one seeded chain over ``vocab_size`` tokens, each token with ``branching``
+    successors drawn with random probabilities. ``data_seed`` fixes the chain and the
+    samples; ``seed`` only orders the batches. The test sequences are drawn after the
+    validation ones, so the train and validation sequences are the same as before the
+    test split existed.
 
     Text mode (``text_path``): the vocabulary is the sorted set of characters in the
-    file (``vocab``); the text is split by position, the last ``val_fraction`` for
-    validation, and each part is cut into windows of ``seq_len + 1`` characters with
-    stride ``seq_len``, so every next-character pair is used exactly once. Options that
-    belong to the other mode are refused rather than silently ignored.
+    file (``vocab``); the text is split by position into train | validation | test: the
+    last ``test_fraction`` is the test part, the ``val_fraction`` before it validation,
+    and the rest (the front) train. Each part is cut into windows of ``seq_len + 1``
+    characters with stride ``seq_len``, so every next-character pair inside a part is
+    used exactly once. Options that belong to the other mode are refused rather than
+    silently ignored.
 
     Args:
         seq_len: tokens per sequence, the host's input length.
@@ -64,14 +75,20 @@ class TokenSequenceDataModule(HostDataModule):
             unset with text_path.
         n_val: synthetic mode: validation sequences (null: the built-in default); leave
             unset with text_path.
+        n_test: synthetic mode: held-out test sequences, read only by evaluation (null:
+            the built-in default); leave unset with text_path.
         branching: synthetic mode: possible successors of each token, at most vocab_size
             (null: the built-in default); fewer makes the chain easier to predict.
         data_seed: synthetic mode: seed of the chain and its sequences, separate from the
             shuffle seed.
         text_path: a UTF-8 text file to model character by character instead of the
             synthetic chain.
-        val_fraction: text mode: the last fraction of the text held out for validation
-            (null: the built-in default); refused without text_path.
+        val_fraction: text mode: the fraction of the text, just before the test part,
+            held out for validation (null: the built-in default); refused without
+            text_path.
+        test_fraction: text mode: the last fraction of the text, held out as the test
+            split that only evaluation reads (null: the built-in default); refused
+            without text_path. val_fraction + test_fraction must stay below 1.
     """
 
     def __init__(
@@ -81,10 +98,12 @@ class TokenSequenceDataModule(HostDataModule):
         vocab_size: int | None = None,
         n_train: int | None = None,
         n_val: int | None = None,
+        n_test: int | None = None,
         branching: int | None = None,
         data_seed: int = DEFAULT_DATA_SEED,
         text_path: str | os.PathLike[str] | None = None,
         val_fraction: float | None = None,
+        test_fraction: float | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
         val_batch_size: int = DEFAULT_VAL_BATCH_SIZE,
         num_workers: int = DEFAULT_NUM_WORKERS,
@@ -103,25 +122,30 @@ class TokenSequenceDataModule(HostDataModule):
         # Synthetic mode only (None with text_path); the chain is filled by ``setup``.
         self.n_train: int | None = None
         self.n_val: int | None = None
+        self.n_test: int | None = None
         self.branching: int | None = None
         self.transition_successors: torch.Tensor | None = None
         self.transition_probs: torch.Tensor | None = None
+        # Text mode only (None without text_path).
         self.val_fraction: float | None = None
+        self.test_fraction: float | None = None
         self._char_to_id: dict[str, int] = {}
         self._text_ids: torch.Tensor | None = None
 
         if text_path is None:
-            if val_fraction is not None:
-                raise ConfigError(
-                    "val_fraction",
-                    "applies only with text_path; synthetic mode takes n_train/n_val, so leave "
-                    "val_fraction unset",
-                )
+            for name, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+                if value is not None:
+                    raise ConfigError(
+                        name,
+                        "applies only with text_path; synthetic mode takes "
+                        f"n_train/n_val/n_test, so leave {name} unset",
+                    )
             self._vocab_size = require_int(
                 "vocab_size", _or(vocab_size, DEFAULT_VOCAB_SIZE), MIN_VOCAB_SIZE
             )
             self.n_train = require_int("n_train", _or(n_train, DEFAULT_TOKEN_N_TRAIN), 1)
             self.n_val = require_int("n_val", _or(n_val, DEFAULT_TOKEN_N_VAL), 1)
+            self.n_test = require_int("n_test", _or(n_test, DEFAULT_TOKEN_N_TEST), 1)
             self.branching = require_int("branching", _or(branching, DEFAULT_BRANCHING), 1)
             if self.branching > self._vocab_size:
                 raise ConfigError(
@@ -134,6 +158,7 @@ class TokenSequenceDataModule(HostDataModule):
             ("vocab_size", vocab_size),
             ("n_train", n_train),
             ("n_val", n_val),
+            ("n_test", n_test),
             ("branching", branching),
         ):
             if value is not None:
@@ -142,9 +167,18 @@ class TokenSequenceDataModule(HostDataModule):
                     f"applies only to synthetic sequences; with text_path the text sets it, "
                     f"so leave {name} unset",
                 )
-        fraction = _or(val_fraction, DEFAULT_TEXT_VAL_FRACTION)
-        require_number("val_fraction", fraction, above=0.0, below=1.0)
-        self.val_fraction = float(fraction)
+        val_part = _or(val_fraction, DEFAULT_TEXT_VAL_FRACTION)
+        test_part = _or(test_fraction, DEFAULT_TEXT_TEST_FRACTION)
+        require_number("val_fraction", val_part, above=0.0, below=1.0)
+        require_number("test_fraction", test_part, above=0.0, below=1.0)
+        if float(val_part) + float(test_part) >= 1.0:
+            raise ConfigError(
+                "test_fraction",
+                f"{test_part} plus val_fraction {val_part} leaves no text to train on; "
+                f"allowed: val_fraction + test_fraction < 1 (lower test_fraction below "
+                f"{1.0 - float(val_part):g} or lower val_fraction)",
+            )
+        self.val_fraction, self.test_fraction = float(val_part), float(test_part)
         self.text_path = Path(text_path).expanduser()
         # Read now, not in setup: the host is built from ``n_classes`` before any data loads.
         self._load_text()
@@ -182,7 +216,8 @@ class TokenSequenceDataModule(HostDataModule):
         return "".join(vocab[i] for i in ids.reshape(-1).tolist())
 
     def _load_text(self) -> None:
-        assert self.text_path is not None and self.val_fraction is not None
+        assert self.text_path is not None
+        assert self.val_fraction is not None and self.test_fraction is not None
         path = self.text_path
         if not path.is_file():
             raise FileNotFoundError(
@@ -192,13 +227,16 @@ class TokenSequenceDataModule(HostDataModule):
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
             raise ConfigError("text_path", f"{path} is not valid UTF-8: {exc}") from exc
-        minimum = min_text_length(self.seq_len, self.val_fraction)
-        if len(text) < minimum:
+        parts = _part_chars(len(text), self.val_fraction, self.test_fraction)
+        if min(parts) < self.seq_len + 1:
+            minimum = min_text_length(self.seq_len, self.val_fraction, self.test_fraction)
             raise ConfigError(
                 "text_path",
-                f"{path} has {len(text)} characters; with seq_len={self.seq_len} and "
-                f"val_fraction={self.val_fraction} it needs at least {minimum} characters "
-                f"(one window of seq_len + 1 = {self.seq_len + 1} in each split)",
+                f"{path} has {len(text)} characters, split {parts[0]} train / {parts[1]} "
+                f"validation / {parts[2]} test; with seq_len={self.seq_len}, "
+                f"val_fraction={self.val_fraction} and test_fraction={self.test_fraction} "
+                f"each part needs one window of seq_len + 1 = {self.seq_len + 1} characters: "
+                f"use a text of at least {minimum} characters (or a shorter seq_len)",
             )
         vocab = tuple(sorted(set(text)))
         if len(vocab) < MIN_TEXT_VOCAB:
@@ -212,17 +250,22 @@ class TokenSequenceDataModule(HostDataModule):
         self._char_to_id = {ch: i for i, ch in enumerate(vocab)}
         self._text_ids = torch.tensor([self._char_to_id[ch] for ch in text], dtype=torch.int64)
 
-    def _build_datasets(self) -> tuple[TensorDataset, TensorDataset]:
+    def _build_datasets(self) -> DataSplits:
         if self._text_ids is None:
             return self._build_synthetic()
-        assert self.val_fraction is not None
+        assert self.val_fraction is not None and self.test_fraction is not None
         ids = self._text_ids
-        n_val_chars = _val_chars(len(ids), self.val_fraction)
-        train_ids, val_ids = ids[: len(ids) - n_val_chars], ids[len(ids) - n_val_chars :]
-        return _windows(train_ids, self.seq_len), _windows(val_ids, self.seq_len)
+        n_train, n_val, _ = _part_chars(len(ids), self.val_fraction, self.test_fraction)
+        # By position: train | validation | test, the test part last.
+        train_ids, val_ids = ids[:n_train], ids[n_train : n_train + n_val]
+        test_ids = ids[n_train + n_val :]
+        return DataSplits(
+            *(_windows(part, self.seq_len) for part in (train_ids, val_ids, test_ids))
+        )
 
-    def _build_synthetic(self) -> tuple[TensorDataset, TensorDataset]:
-        assert self.n_train is not None and self.n_val is not None and self.branching is not None
+    def _build_synthetic(self) -> DataSplits:
+        assert self.n_train is not None and self.n_val is not None and self.n_test is not None
+        assert self.branching is not None
         generator = torch.Generator().manual_seed(self.data_seed)
         vocab, k = self._vocab_size, self.branching
         # Each token's k distinct successors, and a random distribution over them.
@@ -230,10 +273,11 @@ class TokenSequenceDataModule(HostDataModule):
         probs = torch.rand(vocab, k, generator=generator) + _PROB_FLOOR
         probs = probs / probs.sum(dim=1, keepdim=True)
         self.transition_successors, self.transition_probs = successors, probs
-        return (
-            self._sample_chain(self.n_train, successors, probs, generator),
-            self._sample_chain(self.n_val, successors, probs, generator),
-        )
+        # In this order: drawing test last keeps train and val what they were without it.
+        train = self._sample_chain(self.n_train, successors, probs, generator)
+        val = self._sample_chain(self.n_val, successors, probs, generator)
+        test = self._sample_chain(self.n_test, successors, probs, generator)
+        return DataSplits(train, val, test)
 
     def _sample_chain(
         self,
@@ -253,32 +297,52 @@ class TokenSequenceDataModule(HostDataModule):
 
 # Keeps every successor's probability away from zero, so each listed edge really occurs.
 _PROB_FLOOR = 0.1
+# Characters of slack for float rounding in the two held-out floors (each errs < 1).
+_TRAIN_ROUNDING_MARGIN = 2
 
 
 def _or(value: int | float | None, default: int | float) -> int | float:
     return default if value is None else value
 
 
-def _val_chars(n_chars: int, val_fraction: float) -> int:
-    """Characters held out for validation: the last ``floor(n_chars * val_fraction)``."""
-    return math.floor(n_chars * val_fraction)
+def _held_out_chars(n_chars: int, fraction: float) -> int:
+    """Characters of a held-out part (validation or test): ``floor(n_chars * fraction)``."""
+    return math.floor(n_chars * fraction)
 
 
-def min_text_length(seq_len: int, val_fraction: float) -> int:
-    """Fewest characters that leave one ``seq_len + 1`` window in each split."""
+def _part_chars(n_chars: int, val_fraction: float, test_fraction: float) -> tuple[int, int, int]:
+    """Characters of the (train, validation, test) parts of a text of ``n_chars``."""
+    n_val = _held_out_chars(n_chars, val_fraction)
+    n_test = _held_out_chars(n_chars, test_fraction)
+    return n_chars - n_val - n_test, n_val, n_test
+
+
+def min_text_length(seq_len: int, val_fraction: float, test_fraction: float) -> int:
+    """Fewest characters from which on every text leaves one ``seq_len + 1`` window in
+    each of the train, validation and test parts.
+
+    The held-out parts only grow with the text, but the train part can shrink by one
+    character when both held-out parts grow at the same length, so a length just below
+    the train part's threshold can fit while the next does not; the answer is the length
+    after which every text fits (the one the error message can promise).
+    """
     window = seq_len + 1
-    # Closed-form lower bounds (each side's floor), less one for float rounding; the
-    # loop then settles the exact value in a step or two whatever the fraction.
-    n = max(
-        2 * window,
-        math.floor(window / val_fraction) - 1,
-        math.floor((window - 1) / (1.0 - val_fraction)) - 1,
-    )
-    while True:
-        n_val = _val_chars(n, val_fraction)
-        if n_val >= window and n - n_val >= window:
-            return n
-        n += 1
+    # Each held-out part: its closed-form bound less one (for float rounding), then up to
+    # the exact first fit; these parts never shrink, so every longer text fits them too.
+    held_out = []
+    for fraction in (val_fraction, test_fraction):
+        n = max(window, math.floor(window / fraction) - 1)
+        while _held_out_chars(n, fraction) < window:
+            n += 1
+        held_out.append(n)
+    # The train part holds at least n * (1 - val - test) characters less a rounding
+    # error far below one, so from ``start`` on it always fits; walk down to the last
+    # length where it does not (a few steps unless the fractions leave ~no train text).
+    train_share = 1.0 - val_fraction - test_fraction
+    n = math.ceil((window + _TRAIN_ROUNDING_MARGIN) / train_share)
+    while n > 0 and _part_chars(n, val_fraction, test_fraction)[0] >= window:
+        n -= 1
+    return max(*held_out, n + 1)
 
 
 def _windows(ids: torch.Tensor, seq_len: int) -> TensorDataset:
