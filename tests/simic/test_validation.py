@@ -204,7 +204,7 @@ def test_host_and_host_kwargs_keys() -> None:
     expect(
         "model.host_kwargs.vocab_size",
         "set by the run from the data TokenSequenceDataModule",
-        "allowed keys: ['d_model', 'n_heads', 'n_layers']",
+        "allowed keys: ['d_model', 'n_heads', 'n_layers', 'mlp_hidden']",
         module=small_module(host="transformer", host_kwargs={"vocab_size": 3}),
         data=TokenSequenceDataModule(n_train=32, n_val=8, batch_size=8),
     )

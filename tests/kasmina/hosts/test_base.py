@@ -7,6 +7,7 @@ import torch
 
 from esper.contracts import BlendMode, SeedStage
 from esper.kasmina import HOSTS, CNNHost, GateSignals, HostModel, TransformerHost
+from esper.kasmina.hosts.base import integer_roundings
 from tests.kasmina.factories import FAST, HOST_KINDS, make_host
 
 
@@ -84,3 +85,30 @@ def test_per_replica_loss_and_correct_match_each_replica_alone(kind: str) -> Non
         loss, n_correct, n = host.loss_and_correct(chunk, targets)
         assert int(correct[r]) == int(n_correct)
         assert torch.allclose(losses[r], loss * n, rtol=1e-5)
+
+
+def test_a_host_family_without_widened_kwargs_says_to_implement_it() -> None:
+    class Plain(HostModel):
+        """A family that never implemented the hook (its other methods are not needed)."""
+
+        from_data = check_input = loss_and_correct = None  # type: ignore[assignment]
+
+    with pytest.raises(NotImplementedError, match=r"Plain has no widened_kwargs.*static_equal"):
+        Plain.widened_kwargs({}, 2.0)
+
+
+@pytest.mark.parametrize(
+    ("value", "step", "minimum", "expected"),
+    [
+        (6.4, 1, 1, (6, 7)),
+        (6.0, 1, 1, (6,)),
+        (10.0, 4, 4, (8, 12)),
+        (12.0, 4, 4, (12,)),
+        (0.3, 1, 1, (1,)),
+        (1.5, 4, 4, (4,)),
+    ],
+)
+def test_integer_roundings_are_the_multiples_of_step_around_a_value(
+    value: float, step: int, minimum: int, expected: tuple[int, ...]
+) -> None:
+    assert integer_roundings(value, step, minimum) == expected

@@ -229,3 +229,28 @@ def test_channels_last_gives_the_nchw_network_s_outputs_and_gradients() -> None:
     for a, b in zip(nhwc.parameters(), nchw.parameters(), strict=True):
         assert a.grad is not None and b.grad is not None
         assert torch.allclose(a.grad, b.grad, atol=1e-5)
+
+
+# ------------------------------------------------------- widening (static_equal)
+def test_widening_offers_every_floor_and_ceiling_of_each_stage() -> None:
+    candidates = CNNHost.widened_kwargs({"channels": [2, 4, 8], "convs_per_stage": 1}, 1.3)
+    # 2.6 -> 2|3, 5.2 -> 5|6, 10.4 -> 10|11
+    assert sorted(tuple(c["channels"]) for c in candidates) == [
+        (a, b, c) for a in (2, 3) for b in (5, 6) for c in (10, 11)
+    ]
+    assert all(c["convs_per_stage"] == 1 for c in candidates)
+
+
+def test_widening_by_one_gives_the_base_arguments_and_defaults_to_default_channels() -> None:
+    base = {"channels": [2, 4, 8], "convs_per_stage": 1}
+    assert CNNHost.widened_kwargs(base, 1.0) == [base]
+    assert CNNHost.widened_kwargs({}, 1) == [{"channels": list(cnn.DEFAULT_CHANNELS)}]
+    assert CNNHost.widened_kwargs({}, 2.0) == [{"channels": [2 * c for c in cnn.DEFAULT_CHANNELS]}]
+
+
+@pytest.mark.parametrize("factor", [0.5, 0.0, float("nan"), float("inf"), True])
+def test_widening_refuses_a_factor_that_is_not_a_finite_number_of_at_least_one(
+    factor: float,
+) -> None:
+    with pytest.raises(ValueError, match="widening factor must be"):
+        CNNHost.widened_kwargs({}, factor)

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from esper.kasmina import SlotShape, TransformerHost
+from esper.kasmina.hosts import transformer
+from esper.kasmina.hosts.transformer import MLP_RATIO
 
 
 def _host(**kwargs) -> TransformerHost:
@@ -91,3 +93,77 @@ def test_loss_and_correct_counts_every_token() -> None:
     assert torch.allclose(
         loss, torch.nn.functional.cross_entropy(outputs.reshape(-1, 11), targets.reshape(-1))
     )
+
+
+# ------------------------------------------------ MLP width and widening (static_equal)
+def _shapes(host: TransformerHost) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(p.shape) for name, p in host.named_parameters()}
+
+
+def test_mlp_hidden_none_is_the_network_of_before_the_argument_existed() -> None:
+    d, n_layers = 32, 2
+    default, explicit_none = _host(n_layers=n_layers), _host(n_layers=n_layers, mlp_hidden=None)
+    ratio = _host(n_layers=n_layers, mlp_hidden=MLP_RATIO * d)
+    assert _shapes(default) == _shapes(explicit_none) == _shapes(ratio)
+    for i in range(n_layers):
+        assert _shapes(default)[f"blocks.{i}.mlp.0.weight"] == (MLP_RATIO * d, d)
+        assert _shapes(default)[f"blocks.{i}.mlp.2.weight"] == (d, MLP_RATIO * d)
+    # Same names, shapes and (same seed) values: an old checkpoint loads unchanged.
+    for name, tensor in default.state_dict().items():
+        assert torch.equal(tensor, explicit_none.state_dict()[name]), name
+    explicit_none.load_state_dict(default.state_dict())
+
+
+def test_mlp_hidden_sets_the_blocks_mlp_width_and_the_host_still_runs() -> None:
+    host = _host(mlp_hidden=7)
+    assert _shapes(host)["blocks.0.mlp.0.weight"] == (7, 32)
+    assert _shapes(host)["blocks.1.mlp.2.weight"] == (32, 7)
+    assert host(torch.randint(0, 11, (2, 8))).shape == (2, 8, 11)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "64"])
+def test_a_bad_mlp_hidden_raises_naming_it(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"TransformerHost\.mlp_hidden must be an int >= 1"):
+        _host(mlp_hidden=bad)
+
+
+def test_widening_moves_d_model_in_multiples_of_n_heads_and_mlp_hidden_by_one() -> None:
+    base = {"d_model": 32, "n_heads": 2, "n_layers": 3}
+    candidates = TransformerHost.widened_kwargs(base, 1.3)  # d 41.6 -> 40|42, m 166.4 -> 166|167
+    assert sorted((c["d_model"], c["mlp_hidden"]) for c in candidates) == [
+        (40, 166),
+        (40, 167),
+        (42, 166),
+        (42, 167),
+    ]
+    assert all(c["n_heads"] == 2 and c["n_layers"] == 3 for c in candidates)
+    for c in candidates:
+        TransformerHost(**c)  # every candidate is a valid host
+
+
+@pytest.mark.parametrize(
+    "base", [{}, {"d_model": 32, "n_heads": 2}, {"d_model": 32, "n_heads": 2, "mlp_hidden": 50}]
+)
+def test_widening_by_one_gives_the_base_host_back(base: dict) -> None:
+    candidates = TransformerHost.widened_kwargs(base, 1.0)
+    if base:
+        assert candidates == [base]
+    else:  # the defaults, now named
+        assert candidates == [{"d_model": transformer.DEFAULT_D_MODEL}]
+    assert _shapes(TransformerHost(**candidates[0])) == _shapes(TransformerHost(**base))
+
+
+def test_widening_leaves_mlp_hidden_out_where_it_is_the_default_of_its_d_model() -> None:
+    # d 32 -> 64 and m 128 -> 256 = MLP_RATIO * 64: the default, so not named.
+    assert TransformerHost.widened_kwargs({"d_model": 32, "n_heads": 2}, 2.0) == [
+        {"d_model": 64, "n_heads": 2}
+    ]
+    # Named in the base: kept named.
+    assert TransformerHost.widened_kwargs({"d_model": 32, "mlp_hidden": 128}, 2.0) == [
+        {"d_model": 64, "mlp_hidden": 256}
+    ]
+
+
+def test_widening_refuses_a_factor_below_one() -> None:
+    with pytest.raises(ValueError, match="cannot shrink"):
+        TransformerHost.widened_kwargs({}, 0.9)

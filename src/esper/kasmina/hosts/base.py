@@ -7,13 +7,15 @@ optimizer, and each live seed's, trained by that seed's optimizer.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from torch import Tensor, nn
 
 from esper.contracts import SeedStage
+from esper.contracts.checks import is_finite_real
 from esper.kasmina.lifecycle import LifecycleConfig
 from esper.kasmina.slot import SeedSlot
 
@@ -48,6 +50,23 @@ class HostModel(nn.Module, ABC):
         The trainer builds hosts from data it only knows at run time; each host maps
         those two numbers onto its own constructor (classes, vocabulary, sequence length).
         """
+
+    @classmethod
+    def widened_kwargs(cls, kwargs: Mapping[str, Any], factor: float) -> list[dict[str, Any]]:
+        """Constructor keyword arguments of this host made about ``factor`` times wider.
+
+        Why: the ``static_equal`` control of ``esper evaluate`` is the plain host family
+        widened to a grown network's parameter count
+        (:func:`esper.kasmina.sizing.equal_size_host_kwargs`). Only the family knows
+        which of its widths can grow and in what steps, so it offers the few integer
+        roundings near ``factor`` (``factor >= 1``, see :func:`check_widening_factor`);
+        the search builds each and keeps the one whose measured count is closest.
+        Arguments that are not widths come back unchanged.
+        """
+        raise NotImplementedError(
+            f"{cls.__name__} has no widened_kwargs; implement widened_kwargs on "
+            f"{cls.__name__} to use the static_equal control with this host"
+        )
 
     @property
     def slot_ids(self) -> tuple[str, ...]:
@@ -112,3 +131,31 @@ class HostModel(nn.Module, ABC):
             logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none"
         )
         return losses.view(replicas, -1).sum(dim=1)
+
+
+def check_widening_factor(factor: float) -> float:
+    """``factor`` as a float, refused unless finite and >= 1.
+
+    Why at least 1: ``static_equal`` matches a grown network, which only ever gained
+    parameters; a host narrower than its family's own configuration is no such control.
+    """
+    if not is_finite_real(factor):
+        raise ValueError(f"widening factor must be a finite number >= 1, got {factor!r}")
+    if factor < 1:
+        raise ValueError(
+            f"widening factor must be >= 1, got {factor}; static_equal widens a host, "
+            "it cannot shrink one"
+        )
+    return float(factor)
+
+
+def integer_roundings(value: float, step: int = 1, minimum: int = 1) -> tuple[int, ...]:
+    """The multiples of ``step`` just below and just above ``value``, at least ``minimum``.
+
+    Ascending, without repeats: ``(6, 7)`` for 6.4, ``(8, 12)`` for 10.0 in steps of 4,
+    ``(10,)`` for 10.0 in steps of 1. A widening offers both so a parameter search can
+    land between the two widths; ``minimum`` keeps a width usable (one channel, one head).
+    """
+    low = max(minimum, math.floor(value / step) * step)
+    high = max(minimum, math.ceil(value / step) * step)
+    return (low,) if low == high else (low, high)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -10,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from esper.kasmina.blueprints import SlotShape
-from esper.kasmina.hosts.base import HostModel
+from esper.kasmina.hosts.base import HostModel, check_widening_factor, integer_roundings
 from esper.kasmina.lifecycle import LifecycleConfig
 from esper.kasmina.slot import SeedSlot
 
@@ -150,6 +151,21 @@ class CNNHost(HostModel):
         **kwargs: Any,
     ) -> CNNHost:
         return cls(input_shape=input_shape, n_classes=n_classes, lifecycle=lifecycle, **kwargs)
+
+    @classmethod
+    def widened_kwargs(cls, kwargs: Mapping[str, Any], factor: float) -> list[dict[str, Any]]:
+        """``kwargs`` with every stage's channels about ``factor`` times wider.
+
+        Each stage takes the floor or the ceiling of ``channels[i] * factor`` (at least 1),
+        and every combination is offered (at most ``2 ** len(channels)``), so the counts
+        of one factor are spread finely enough for a search to land near a target.
+        ``channels`` come back as a list of ints, as a config writes them; the other
+        arguments unchanged.
+        """
+        factor = check_widening_factor(factor)
+        channels = kwargs.get("channels", DEFAULT_CHANNELS)
+        per_stage = [integer_roundings(c * factor) for c in channels]
+        return [{**kwargs, "channels": list(widths)} for widths in itertools.product(*per_stage)]
 
     def check_input(self, x: Tensor) -> None:
         if tuple(x.shape[1:]) != self.input_shape or x.dim() != 4:

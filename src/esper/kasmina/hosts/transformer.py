@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -9,27 +11,34 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from esper.kasmina.blueprints import SlotShape
-from esper.kasmina.hosts.base import HostModel
+from esper.kasmina.hosts.base import HostModel, check_widening_factor, integer_roundings
 from esper.kasmina.lifecycle import LifecycleConfig
 from esper.kasmina.slot import SeedSlot
 
+#: The MLP's hidden width is this many times ``d_model`` unless ``mlp_hidden`` says otherwise.
 MLP_RATIO = 4
+DEFAULT_D_MODEL = 64
+DEFAULT_N_HEADS = 4
 
 
 class CausalBlock(nn.Module):
-    """Pre-norm causal self-attention and MLP."""
+    """Pre-norm causal self-attention and MLP.
 
-    def __init__(self, d_model: int, n_heads: int) -> None:
+    ``mlp_hidden`` is the MLP's hidden width; None keeps ``MLP_RATIO * d_model``.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, mlp_hidden: int | None = None) -> None:
         super().__init__()
+        hidden = MLP_RATIO * d_model if mlp_hidden is None else mlp_hidden
         self.n_heads = n_heads
         self.ln1 = nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
         self.ln2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(
-            nn.Linear(d_model, MLP_RATIO * d_model),
+            nn.Linear(d_model, hidden),
             nn.GELU(),
-            nn.Linear(MLP_RATIO * d_model, d_model),
+            nn.Linear(hidden, d_model),
         )
 
     def forward(self, x: Tensor) -> Tensor:
@@ -41,7 +50,13 @@ class CausalBlock(nn.Module):
 
 
 class TransformerHost(HostModel):
-    """Token and position embeddings, causal blocks with slot ``block{i}`` after each, LM head."""
+    """Token and position embeddings, causal blocks with slot ``block{i}`` after each, LM head.
+
+    ``mlp_hidden`` sets the blocks' MLP width apart from ``d_model``: None keeps
+    ``MLP_RATIO * d_model``, the same network (and parameter names and shapes) as before
+    the argument existed, so existing configs and checkpoints are unchanged. It exists
+    so a widened host (:meth:`widened_kwargs`) can move its size in small steps.
+    """
 
     kind = "transformer"
 
@@ -49,10 +64,11 @@ class TransformerHost(HostModel):
         self,
         vocab_size: int = 16,
         seq_len: int = 32,
-        d_model: int = 64,
-        n_heads: int = 4,
+        d_model: int = DEFAULT_D_MODEL,
+        n_heads: int = DEFAULT_N_HEADS,
         n_layers: int = 2,
         lifecycle: LifecycleConfig | None = None,
+        mlp_hidden: int | None = None,
     ) -> None:
         super().__init__()
         for name, value, minimum in (
@@ -68,12 +84,21 @@ class TransformerHost(HostModel):
             raise ValueError(
                 f"TransformerHost.d_model ({d_model}) must be a multiple of n_heads ({n_heads})"
             )
+        if mlp_hidden is not None and (
+            isinstance(mlp_hidden, bool) or not isinstance(mlp_hidden, int) or mlp_hidden < 1
+        ):
+            raise ValueError(
+                f"TransformerHost.mlp_hidden must be an int >= 1, or None for "
+                f"{MLP_RATIO} * d_model, got {mlp_hidden!r}"
+            )
         self.vocab_size = vocab_size
         self.seq_len = seq_len
         self.input_shape = (seq_len,)
         self.tok = nn.Embedding(vocab_size, d_model)
         self.pos = nn.Embedding(seq_len, d_model)
-        self.blocks = nn.ModuleList(CausalBlock(d_model, n_heads) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(
+            CausalBlock(d_model, n_heads, mlp_hidden) for _ in range(n_layers)
+        )
         self.slots = nn.ModuleDict(
             {
                 f"block{i}": SeedSlot(
@@ -102,6 +127,35 @@ class TransformerHost(HostModel):
                 f"{tuple(input_shape)}; use a token data module such as 'tokens'"
             )
         return cls(vocab_size=n_classes, seq_len=input_shape[0], lifecycle=lifecycle, **kwargs)
+
+    @classmethod
+    def widened_kwargs(cls, kwargs: Mapping[str, Any], factor: float) -> list[dict[str, Any]]:
+        """``kwargs`` with ``d_model`` and ``mlp_hidden`` about ``factor`` times wider.
+
+        Why both: ``d_model`` must stay a multiple of ``n_heads``, so alone it moves in
+        steps of ``n_heads`` (64 -> 68 with 4 heads: about 13% more parameters), too
+        coarse to land within 5% of a target. ``mlp_hidden`` moves by one unit, so the
+        floor/ceil multiples of ``n_heads`` near ``d_model * factor`` times the floor/ceil
+        of ``mlp_hidden * factor`` (the default ``MLP_RATIO * d_model`` when not given)
+        cover the range finely. Where the base left ``mlp_hidden`` out and a candidate's
+        equals the default for its ``d_model``, it is left out again, so factor 1
+        gives the base arguments back. Heads, layers and the rest are unchanged.
+        """
+        factor = check_widening_factor(factor)
+        d_model = kwargs.get("d_model", DEFAULT_D_MODEL)
+        n_heads = kwargs.get("n_heads", DEFAULT_N_HEADS)
+        given_hidden = kwargs.get("mlp_hidden")
+        hidden = MLP_RATIO * d_model if given_hidden is None else given_hidden
+        candidates = []
+        for d, m in itertools.product(
+            integer_roundings(d_model * factor, step=n_heads, minimum=n_heads),
+            integer_roundings(hidden * factor),
+        ):
+            widened = {**kwargs, "d_model": d}
+            if given_hidden is not None or m != MLP_RATIO * d:
+                widened["mlp_hidden"] = m
+            candidates.append(widened)
+        return candidates
 
     def check_input(self, x: Tensor) -> None:
         if x.dim() != 2 or not 1 <= x.shape[1] <= self.seq_len:
