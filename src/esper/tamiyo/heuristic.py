@@ -13,9 +13,12 @@ priority order, for every env at once:
    enough (the env's clock carries seeds to HOLDING); whether it *should* pass is the
    contribution gate's job, not the controller's.
 3. **GERMINATE** when the host has plateaued (``val_acc_delta < plateau_delta``) early
-   enough in the episode (``epoch_fraction < max_germinate_fraction``), on the first
-   slot where it is legal, with the most preferred legal blueprint and the configured
-   blend mode.
+   enough in the episode (``epoch_fraction < max_germinate_fraction``) and, where
+   ``germinate_at`` lists epoch fractions, at one of them, on the first slot where it
+   is legal, with the most preferred legal blueprint and the configured blend mode.
+   With a ``germinate_at`` schedule this rule outranks rule 2: a planting the schedule
+   misses is never made up, while a fossilize put off by one epoch only waits (the
+   seed keeps its alpha of 1 in HOLDING). Without one the order is as listed.
 4. **ADVANCE** a slot whose last advance was refused (``retry_refused_advance``): the
    env keeps a slot's refusal flag until an advance passes, and a contribution too small
    today may be enough after another epoch, so without a retry a seed refused once
@@ -38,6 +41,7 @@ the comparisons the normaliser's clip flattened.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +65,12 @@ STATE_SHAPE: tuple[int, int] = (1, 1)
 #: A binary observation feature (stage one-hot, refusal flag) is set iff it exceeds this:
 #: the features are exactly 0 or 1, and halfway reads either without a tie.
 BINARY_THRESHOLD = 0.5
+
+#: ``epoch_fraction`` matches a ``germinate_at`` entry within this. The observation holds
+#: ``host_epoch / episode_epochs`` in float32 (rounding error below 1e-7); one epoch of
+#: an episode of up to 5 000 epochs is at least 2e-4 apart from the next, so each entry
+#: matches exactly one host epoch.
+GERMINATE_AT_TOLERANCE = 1e-4
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,10 @@ class HeuristicConfig:
     blend_mode: BlendMode = BlendMode.LINEAR
     #: Retry a refused ADVANCE when nothing better is to do (rule 4 in the module docs).
     retry_refused_advance: bool = True
+    #: Epoch fractions (``host_epoch / episode_epochs``, as the observation's
+    #: ``epoch_fraction``) at which germination is allowed; empty allows it at any epoch.
+    #: A fixed schedule (``esper.tamiyo.periodic``) plants at these and nowhere else.
+    germinate_at: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         with owned_by(self):
@@ -118,6 +132,29 @@ class HeuristicConfig:
                     "blend_mode", f"must be one of {list(BlendMode)}, got {self.blend_mode!r}"
                 )
             require_bool("retry_refused_advance", self.retry_refused_advance)
+            self._check_germinate_at()
+
+    def _check_germinate_at(self) -> None:
+        fractions = self.germinate_at
+        if not isinstance(fractions, tuple):
+            raise ConfigError(
+                "germinate_at", f"must be a tuple of epoch fractions, got {fractions!r}"
+            )
+        for i, fraction in enumerate(fractions):
+            require_number(
+                f"germinate_at[{i}]",
+                fraction,
+                at_least=0,
+                below=self.max_germinate_fraction,
+                hint="an epoch fraction host_epoch / episode_epochs below "
+                "max_germinate_fraction (a later one never fires)",
+            )
+        ordered = sorted(fractions)
+        if any(b - a <= 2 * GERMINATE_AT_TOLERANCE for a, b in itertools.pairwise(ordered)):
+            raise ConfigError(
+                "germinate_at",
+                f"names one epoch twice: {fractions}; list each epoch fraction once",
+            )
 
 
 #: The scripted grower: plants the preferred blueprint in every slot from the first
@@ -188,6 +225,7 @@ class HeuristicController(nn.Module):
     _slot_scores: Tensor
     _blueprint_scores: Tensor
     _blend_scores: Tensor
+    _germinate_at: Tensor
 
     def __init__(
         self,
@@ -241,6 +279,7 @@ class HeuristicController(nn.Module):
             "_slot_scores": _preference_scores(slot_order),
             "_blueprint_scores": _preference_scores(blueprint_order),
             "_blend_scores": _preference_scores(blend_order),
+            "_germinate_at": torch.tensor(config.germinate_at, dtype=torch.float32),
         }
         for name, value in buffers.items():
             self.register_buffer(name, value, persistent=False)
@@ -280,13 +319,18 @@ class HeuristicController(nn.Module):
         )
         can_advance = masks.slot[:, LifecycleOp.ADVANCE] & ops[:, LifecycleOp.ADVANCE, None]
         advanceable = can_advance & (~is_set(self._gate_refused) | is_set(self._germinated))
-        epoch_early = obs[:, self._epoch_fraction] < config.max_germinate_fraction
-        plateau = obs[:, self._val_acc_delta] < config.plateau_delta
+        fraction = obs[:, self._epoch_fraction]
+        when = (fraction < config.max_germinate_fraction) & (
+            obs[:, self._val_acc_delta] < config.plateau_delta
+        )
+        if config.germinate_at:  # a Python tuple: no host read
+            distance = (fraction[:, None] - self._germinate_at).abs()
+            when = when & (distance <= GERMINATE_AT_TOLERANCE).any(-1)
         germinable = (
             masks.slot[:, LifecycleOp.GERMINATE]
             & masks.blueprint.any(-1)
             & ops[:, LifecycleOp.GERMINATE, None]
-            & (plateau & epoch_early)[:, None]
+            & when[:, None]
         )
 
         rules: list[tuple[LifecycleOp, Tensor]] = [
@@ -294,6 +338,8 @@ class HeuristicController(nn.Module):
             (LifecycleOp.ADVANCE, advanceable),
             (LifecycleOp.GERMINATE, germinable),
         ]
+        if config.germinate_at:  # a scheduled planting outranks a fossilize (module docs)
+            rules[1], rules[2] = rules[2], rules[1]
         if config.retry_refused_advance:
             rules.append((LifecycleOp.ADVANCE, can_advance))
 
