@@ -150,6 +150,24 @@ class SeedLifecycle:
         self.blend_mode = mode
         self.last_refusal = ""
 
+    def build_fossilized(self, blueprint: str, blend_mode: BlendMode) -> None:
+        """Start this slot FOSSILIZED with ``blueprint`` in place: a static network.
+
+        Not a transition: no seed grew here. The ``static_final`` control builds a grown
+        network's final architecture before its first epoch (``esper.kasmina.architecture``),
+        so its seeds are part of the host from the start, as fossilized seeds are. Only a
+        fresh slot (DORMANT, no epoch counted) may be built so.
+        """
+        mode = BlendMode(blend_mode)
+        if self.stage is not SeedStage.DORMANT or self.epochs_in_stage:
+            raise IllegalTransitionError(
+                f"only a fresh DORMANT slot can be built with a fossilized seed; this one is "
+                f"{self.stage.name} after {self.epochs_in_stage} epoch(s)"
+            )
+        self.stage = SeedStage.FOSSILIZED
+        self.blueprint = blueprint
+        self.blend_mode = mode
+
     def gate(self, target: SeedStage, signals: GateSignals) -> GateResult:
         """Whether the seed may enter ``target`` now; the reason when not."""
         cfg = self.config

@@ -95,6 +95,18 @@ class SeedSlot(nn.Module):
         bp = BLUEPRINTS.get(blueprint) if isinstance(blueprint, str) else blueprint
         module = bp.instantiate(self.shape)  # raises BlueprintFitError with the reason
         self.lifecycle.germinate(bp.name, blend_mode)
+        return self._hold(module, blend_mode)
+
+    def build_fossilized(self, blueprint: str | Blueprint, blend_mode: BlendMode) -> nn.Module:
+        """Put a seed built from ``blueprint`` here as part of the host, at alpha 1, before
+        any training (a static network: see :meth:`SeedLifecycle.build_fossilized`)."""
+        bp = BLUEPRINTS.get(blueprint) if isinstance(blueprint, str) else blueprint
+        module = bp.instantiate(self.shape)
+        self.lifecycle.build_fossilized(bp.name, blend_mode)
+        return self._hold(module, blend_mode)
+
+    def _hold(self, module: nn.Module, blend_mode: BlendMode) -> nn.Module:
+        """Keep ``module`` as this slot's seed, on the host's device, gated if asked."""
         device = self._device_anchor.device
         self.seed = module.to(device)
         if BlendMode(blend_mode) is BlendMode.GATED:
