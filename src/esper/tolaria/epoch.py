@@ -58,6 +58,9 @@ class EpochResult:
         skipped_envs: envs that ran out of device memory and sat out the rest of this
             epoch's training (``on_oom="skip_env_epoch"``); host-side, known from the
             exception, so nobody reads the device to learn it.
+        train_predictions: per env, the predictions its training steps scored (samples,
+            or tokens for a language model); host-side, from shapes. Training compute
+            (``esper.tolaria.compute``) is counted per prediction.
     """
 
     train_loss: Tensor
@@ -68,6 +71,7 @@ class EpochResult:
     loss_finite: Tensor
     seed_grads_finite: Tensor
     skipped_envs: tuple[int, ...] = ()
+    train_predictions: tuple[int, ...] = ()
 
     @property
     def contribution(self) -> Tensor:
@@ -75,7 +79,8 @@ class EpochResult:
         return self.val_acc.unsqueeze(1) - self.cf_val_acc
 
     def as_dict(self) -> dict[str, Tensor]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "skipped_envs"}
+        host_side = ("skipped_envs", "train_predictions")
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in host_side}
 
 
 @dataclass
@@ -215,6 +220,7 @@ def run_epoch(
         loss_finite=gather([a.loss_finite for a in train]),
         seed_grads_finite=gather([a.seed_grads_finite() for a in train]),
         skipped_envs=tuple(i for i, a in enumerate(train) if a.skipped),
+        train_predictions=tuple(a.seen for a in train),
     )
 
 
@@ -384,6 +390,14 @@ def compiled_forward_loss() -> Callable[[HostModel, Tensor, Tensor], tuple[Tenso
         )
         _compiled_forward_loss = torch.compile(_forward_loss)
     return _compiled_forward_loss
+
+
+def train_step(env: GrowingHost, x: Tensor, y: Tensor) -> None:
+    """One training step of one env on one batch, as ``run_epoch`` takes it (eager, full
+    precision): the host's step, and the incubation pass of any seed in TRAINING."""
+    env.model.train()
+    with torch.enable_grad():  # callers may hold a no-grad context (the rollout loop does)
+        _train_step(env, _accumulator(env), x, y, _Options("raise", _forward_loss, None, None))
 
 
 def _train_step(
