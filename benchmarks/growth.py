@@ -1,65 +1,69 @@
-"""Can growth pay? Paired episodes of no growth against controllers that grow, no learning.
+"""Can growth pay? Paired episodes of growers against the controls, no learning.
 
 Every controller runs the same ``--episodes`` fresh hosts (same initial weights, data
-order and seed initialisations: ``esper.simic.episodes.run_episodes`` pairs them), on
-the default data and host unless told otherwise. For each controller it prints the
-final validation accuracy (mean ± std over episodes), the mean difference to no growth
-with its standard error over the paired episodes, seeds fossilized, parameters added,
-the mean episode return, and how settled the hosts are at the end: the largest change
-in validation accuracy between consecutive epochs over the last ``SETTLE_EPOCHS``
-epochs, as a mean and a maximum over episodes.
+order and seed initialisations: ``esper.simic.comparison.compare`` pairs them), on the
+default data and host unless told otherwise. The grower the static controls copy is
+the scripted one (``--grower``): ``static_final`` trains each of its episodes' final
+networks from the first epoch, ``static_equal`` the plain host widened to its mean
+final size. For each controller it prints the final test accuracy with its 95%
+interval, validation accuracy beside it, the paired differences to no growth and to the
+grower (standard errors count each episode group once), the final network's parameters
+and its training FLOPs, and how settled the hosts are at the end: the largest change in
+validation accuracy between consecutive epochs over the last ``SETTLE_EPOCHS`` epochs,
+as a mean and a maximum over episodes.
 
-"Growth pays" means the difference is above 2 standard errors. The exit status is 0
-either way: this measures, it does not gate.
+Evaluation seeds: tune on the tuning range (the default, 0), report on the reporting
+range (``--seed 1000``). "Growth pays" means the difference is above 2 standard errors.
+The exit status is 0 either way: this measures, it does not gate.
 
-Usage: ``python benchmarks/growth.py [--episodes 16] [--controllers scripted,heuristic]
-[--host-kwargs '{"channels": [4, 8, 16]}'] [--data digits] [--episode-epochs 25]``
+Usage: ``python benchmarks/growth.py [--episodes 16] [--controllers scripted,no_growth]
+[--host-kwargs '{"channels": [4, 8, 16]}'] [--data digits] [--episode-epochs 25]
+[--seed 0] [--out runs/growth]``
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
-import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from esper.contracts.evaluation import TUNING_SEEDS, seed_range
 from esper.kasmina import OptimConfig
+from esper.simic.comparison import Evaluation, compare
 from esper.simic.env_config import EnvConfig
-from esper.simic.episodes import baseline_controller, run_episodes
 from esper.simic.module import PPOModule
 from esper.simic.ppo import PPOConfig
 from esper.tolaria.data import DATAMODULES
 
 #: Epochs at the end of an episode over which a host should have settled.
 SETTLE_EPOCHS = 5
-#: The baseline every other controller is paired against.
-BASELINE = "no_growth"
+#: What runs unless told otherwise: the scripted grower and every control.
+CONTROLLERS = "scripted,static_final,static_equal,periodic,random,no_growth"
 #: Discounting for the advantages the collector computes: the training defaults (the
 #: printed return is the plain sum of rewards either way).
 GAMMA, GAE_LAMBDA = PPOConfig.gamma, PPOConfig.gae_lambda
 
 
-def paired_difference(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """Mean of ``a - b`` and its standard error (paired episodes)."""
-    diff = a - b
-    if diff.size < 2:
-        return float(diff.mean()), math.nan
-    return float(diff.mean()), float(diff.std(ddof=1) / math.sqrt(diff.size))
-
-
-def largest_late_swing(val_acc: np.ndarray) -> np.ndarray:
-    """``[episodes]`` largest |change| between consecutive epochs over the last epochs."""
-    late = val_acc[:, -(SETTLE_EPOCHS + 1) :]
-    return np.abs(np.diff(late, axis=1)).max(axis=1)
+def late_swings(evaluation: Evaluation, controller: str) -> np.ndarray:
+    """``[episodes]`` largest |change| of validation accuracy between consecutive epochs
+    over the last :data:`SETTLE_EPOCHS` epochs of each of ``controller``'s episodes."""
+    curves = []
+    for steps in evaluation.steps[controller]:
+        val = np.stack([s.val_acc for s in steps] + [steps[-1].next_val_acc], axis=1)
+        curves.append(val)
+    late = np.concatenate(curves)[:, -(SETTLE_EPOCHS + 1) :]
+    episodes = next(r.episodes for r in evaluation.results if r.controller == controller)
+    return np.abs(np.diff(late, axis=1)).max(axis=1)[:episodes]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=16)
-    parser.add_argument("--controllers", default="scripted,heuristic")
+    parser.add_argument("--controllers", default=CONTROLLERS)
+    parser.add_argument("--grower", default="scripted", help="the grower static controls copy")
     parser.add_argument("--data", default="digits")
     parser.add_argument("--host", default=None, help="default: PPOModule's")
     parser.add_argument("--host-kwargs", default=None, help="JSON; default: PPOModule's")
@@ -67,8 +71,9 @@ def main() -> None:
     parser.add_argument("--host-optim", default=None, help="JSON of OptimConfig fields")
     parser.add_argument("--data-kwargs", default=None, help="JSON of data module arguments")
     parser.add_argument("--episode-epochs", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=TUNING_SEEDS.start)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", type=Path, default=None, help="write evaluation.csv/json here")
     args = parser.parse_args()
 
     defaults = PPOModule().env_config  # the run `esper fit` would make
@@ -86,48 +91,36 @@ def main() -> None:
         }
     )
     data = DATAMODULES.get(args.data)(**(json.loads(args.data_kwargs) if args.data_kwargs else {}))
-    names = [BASELINE, *(c for c in args.controllers.split(",") if c and c != BASELINE)]
+    names = [c for c in args.controllers.split(",") if c]
     print(
-        f"growth: {args.episodes} paired episodes, data {args.data}, host {config.host} "
+        f"growth: {args.episodes} paired episodes, evaluation seed {args.seed} "
+        f"({seed_range(args.seed)} range), data {args.data}, host {config.host} "
         f"{dict(config.host_kwargs)}, {config.n_envs} envs, {config.episode_epochs} epochs, "
-        f"host optim {config.optim}, threads {torch.get_num_threads()}"
+        f"host optim {config.optim}, threads {torch.get_num_threads()}",
+        flush=True,
     )
-    runs = {}
-    for name in names:
-        start = time.perf_counter()
-
-        runs[name] = run_episodes(
-            config,
-            data,
-            lambda env, name=name: baseline_controller(name, env),
-            None,  # the baselines decide on raw features
-            episodes=args.episodes,
-            seed=args.seed,
-            gamma=GAMMA,
-            gae_lambda=GAE_LAMBDA,
-            device=args.device,
-        )
-        print(f"  {name:<10} {time.perf_counter() - start:6.1f} s", flush=True)
-
-    base = runs[BASELINE].per_episode["final_val_acc"]
-    header = (
-        f"{'controller':<10} {'final val acc (mean ± std)':>27} {'vs no growth (± SE)':>22} "
-        f"{'foss':>5} {'params':>7} {'return':>8} {'late swing mean/max':>20}"
+    evaluation = compare(
+        config,
+        data,
+        names,
+        episodes=args.episodes,
+        seed=args.seed,
+        gamma=GAMMA,
+        gae_lambda=GAE_LAMBDA,
+        device=args.device,
+        grower=args.grower,
+        on_controller_done=lambda r: print(f"  {r.controller:<13} {r.wall_s:6.1f} s", flush=True),
     )
-    print(header)
-    print("-" * len(header))
-    for name, run in runs.items():
-        acc = run.per_episode["final_val_acc"]
-        diff, se = paired_difference(acc, base)
-        swing = largest_late_swing(run.val_acc)
-        versus = "" if name == BASELINE else f"{diff * 100:+.2f} ± {se * 100:.2f} pts"
-        print(
-            f"{name:<10} {acc.mean():>17.4f} ± {acc.std(ddof=1):.4f} {versus:>22} "
-            f"{run.per_episode['seeds_fossilized'].mean():>5.2f} "
-            f"{run.per_episode['params_added'].mean():>7.0f} "
-            f"{run.per_episode['episode_return'].mean():>+8.4f} "
-            f"{swing.mean() * 100:>9.2f}/{swing.max() * 100:.2f} pts"
-        )
+    print(evaluation.table())
+    if evaluation.static_equal_host_kwargs is not None:
+        print(f"static_equal host: {evaluation.static_equal_host_kwargs}")
+    print("late swing of validation accuracy (mean / max over episodes):")
+    for r in evaluation.results:
+        swing = late_swings(evaluation, r.controller)
+        print(f"  {r.controller:<13} {swing.mean() * 100:5.2f} / {swing.max() * 100:.2f} pts")
+    if args.out is not None:
+        for kind, path in evaluation.write(args.out).items():
+            print(f"  {kind:<4} {path}")
 
 
 if __name__ == "__main__":

@@ -4,22 +4,26 @@ For each training seed this runs ``esper fit`` (its defaults, plus ``--fit-args`
 subprocess, with a checkpoint every ``--every`` PPO updates beside the run's own
 ``last.ckpt``. It then evaluates, on the same ``--episodes`` fresh hosts for every
 controller (``esper.simic.evaluate``: same initial weights, data order and seed
-initialisations):
+initialisations), on the test split:
 
-* the final policy, taking each head's most likely action and sampling it, against no
-  growth, the heuristic and the scripted grower: the paired table, with each
-  controller's mean difference to no growth and its standard error;
+* the final policy, taking each head's most likely action, against every control and
+  grower (its final networks trained from the start, the plain host widened to its
+  size, a fixed schedule, the heuristic, the scripted grower, random growth, no
+  growth): the paired table, each row with its difference to no growth and to the
+  learned policy, standard errors counting each episode group once; and sampled;
 * every checkpoint along the way (most likely action): the learning curve of
   learned − no growth against PPO updates.
 
-"Learned beats no growth" means the difference is above 2 standard errors. Figures are
-printed and written to ``<out>/learning.json``; the curve is drawn to
-``<out>/learning_curve.png`` and each seed's final evaluation (CSV, JSON, timelines)
-goes to ``<out>/seed<N>/evaluation``. The exit status is 0 either way: this measures,
-it does not gate.
+Evaluation seeds: the tuning range by default (``--eval-seed 0``); figures to report
+come from the reporting range (``--eval-seed 1000``). "Learned beats no growth" means
+the difference is above 2 standard errors. Figures are printed and written to
+``<out>/learning.json``; the curve is drawn to ``<out>/learning_curve.png`` and each
+seed's final evaluation (CSV, JSON, timelines) goes to ``<out>/seed<N>/evaluation``.
+The exit status is 0 either way: this measures, it does not gate.
 
 Usage: ``python benchmarks/learning.py [--seeds 0,1] [--episodes 16] [--every 10]
-[--out runs/learning] [--fit-args "--trainer.max_epochs 40"] [--skip-fit]``
+[--eval-seed 0] [--out runs/learning] [--fit-args "--trainer.max_epochs 40"]
+[--skip-fit] [--no-curve]``
 """
 
 from __future__ import annotations
@@ -38,15 +42,13 @@ import numpy as np
 import torch
 
 from esper.callbacks.checkpoint import find_last_checkpoint
-from esper.simic.evaluate import (
-    REFERENCE,
-    ControllerResult,
-    evaluate,
-    standard_error_of_difference,
-)
+from esper.contracts.evaluation import ALL_CONTROLLERS, NO_GROWTH, TUNING_SEEDS, seed_range
+from esper.simic.comparison import ControllerResult, Evaluation
+from esper.simic.evaluate import evaluate
+from esper.simic.statistics import Estimate, paired_difference
 
-#: Controllers that need no policy: the same for every checkpoint, so run once per seed.
-FIXED = ("no_growth", "heuristic", "scripted")
+#: What the final policy is compared with: every controller there is.
+COMPARED: tuple[str, ...] = ALL_CONTROLLERS
 #: Where the curve checkpoints go inside a run folder, and how they are named.
 CURVE_DIR = "curve"
 CURVE_NAME = re.compile(r"update(\d+)\.ckpt$")
@@ -88,40 +90,9 @@ def curve_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def paired(result: ControllerResult, reference: ControllerResult) -> tuple[float, float]:
-    return standard_error_of_difference(result.final_val_acc, reference.final_val_acc)
-
-
-def row(name: str, r: ControllerResult, reference: ControllerResult) -> dict[str, float | str]:
-    diff, se = paired(r, reference) if r is not reference else (math.nan, math.nan)
-    return {
-        "controller": name,
-        "final_val_acc_mean": r.final_val_acc_mean,
-        "final_val_acc_std": r.final_val_acc_std,
-        "vs_no_growth_mean": diff,
-        "vs_no_growth_se": se,
-        "seeds_fossilized_mean": r.seeds_fossilized_mean,
-        "params_added_mean": r.params_added_mean,
-        "return_mean": r.return_mean,
-    }
-
-
-def print_table(rows: list[dict[str, float | str]]) -> None:
-    header = (
-        f"{'controller':<16} {'final val acc (mean ± std)':>26} {'− no growth (mean ± SE)':>26} "
-        f"{'foss':>5} {'params':>7} {'return':>8}"
-    )
-    print(header)
-    print("-" * len(header))
-    for r in rows:
-        diff, se = float(r["vs_no_growth_mean"]), float(r["vs_no_growth_se"])
-        ratio = f" ({diff / se:+.1f} SE)" if se > 0 else " (no difference in any episode)"
-        versus = "" if math.isnan(diff) else f"{diff * 100:+.2f} ± {se * 100:.2f} pts{ratio}"
-        print(
-            f"{r['controller']:<16} {r['final_val_acc_mean']:>17.4f} ± {r['final_val_acc_std']:.4f} "
-            f"{versus:>26} {r['seeds_fossilized_mean']:>5.2f} {r['params_added_mean']:>7.0f} "
-            f"{r['return_mean']:>+8.4f}"
-        )
+def versus(r: ControllerResult, reference: ControllerResult, groups: tuple[int, ...]) -> Estimate:
+    """Paired difference of final test accuracy, each episode group one unit."""
+    return paired_difference(r.final_test_acc, reference.final_test_acc, groups)
 
 
 def one_seed(seed: int, args: argparse.Namespace, extra: list[str]) -> dict[str, object]:
@@ -136,9 +107,7 @@ def one_seed(seed: int, args: argparse.Namespace, extra: list[str]) -> dict[str,
     if fit_s is not None:
         print(f"seed {seed}: esper fit took {fit_s / 60:.1f} min", flush=True)
 
-    def run(
-        ckpt: Path, controllers: tuple[str, ...], sample: bool = False
-    ) -> list[ControllerResult]:
+    def run(ckpt: Path, controllers: tuple[str, ...], sample: bool = False) -> Evaluation:
         start = time.perf_counter()
         result = evaluate(
             ckpt,
@@ -152,34 +121,36 @@ def one_seed(seed: int, args: argparse.Namespace, extra: list[str]) -> dict[str,
             f"in {time.perf_counter() - start:.0f} s",
             flush=True,
         )
-        return result.results
+        return result
 
-    fixed = {r.controller: r for r in run(last, FIXED)}
-    final = run(last, ("learned",))[0]
-    sampled = run(last, ("learned",), sample=True)[0]
-    reference = fixed[REFERENCE]
-    rows = [
-        row("learned", final, reference),
-        row("learned, sampled", sampled, reference),
-        *(row(name, fixed[name], reference) for name in FIXED),
-    ]
-    learned_vs_heuristic = standard_error_of_difference(
-        final.final_val_acc, fixed["heuristic"].final_val_acc
-    )
+    final = run(last, COMPARED)
+    final.write(run_dir / "evaluation")
+    by_name = {r.controller: r for r in final.results}
+    reference = by_name[NO_GROWTH]
+    sampled = run(last, ("learned",), sample=True).results[0]
+    sampled_vs = versus(sampled, reference, final.groups)
     curve = []
     for updates, ckpt in curve_checkpoints(run_dir) if args.curve else []:
-        r = run(ckpt, ("learned",))[0]
-        diff, se = paired(r, reference)
+        r = run(ckpt, ("learned",)).results[0]
+        est = versus(r, reference, final.groups)
         curve.append(
-            {"updates": updates, "diff": diff, "se": se, "fossilized": r.seeds_fossilized_mean}
+            {
+                "updates": updates,
+                "diff": est.mean,
+                "se": est.se,
+                "fossilized": r.seeds_fossilized_mean,
+            }
         )
     print(
-        f"\nseed {seed}: {args.episodes} paired episodes (evaluation seed {args.eval_seed}), {last}"
+        f"\nseed {seed}: {args.episodes} paired episodes (evaluation seed {args.eval_seed}, "
+        f"{seed_range(args.eval_seed)} range), {last}"
     )
-    print_table(rows)
-    diff, se = learned_vs_heuristic
-    print(f"learned − heuristic: {diff * 100:+.2f} ± {se * 100:.2f} pts")
-    print("learning curve (learned, most likely action, − no growth):")
+    print(final.table())
+    print(
+        f"learned, sampled: test acc {sampled.test.mean:.4f}, − no growth "
+        f"{sampled_vs.mean * 100:+.2f} ± {sampled_vs.se * 100:.2f} pts"
+    )
+    print("learning curve (learned, most likely action, − no growth, test accuracy):")
     for point in curve:
         print(
             f"  update {point['updates']:>4}: {point['diff'] * 100:+.2f} ± {point['se'] * 100:.2f} pts, "
@@ -190,19 +161,19 @@ def one_seed(seed: int, args: argparse.Namespace, extra: list[str]) -> dict[str,
             last,
             episodes=min(args.episodes, 4),
             seed=args.eval_seed,
-            controllers=("learned", "no_growth"),
+            controllers=("learned", NO_GROWTH),
         )
         ev.write_timelines(run_dir / "evaluation" / "timelines")
     return {
         "seed": seed,
         "fit_s": fit_s,
-        "rows": rows,
-        "learned_vs_heuristic": {"mean": diff, "se": se},
+        "rows": final.rows(),
+        "learned_sampled": {"test_acc": sampled.test.mean, "vs_no_growth": vars(sampled_vs)},
         "curve": curve,
-        "final_val_acc": {
-            "learned": final.final_val_acc,
-            "learned_sampled": sampled.final_val_acc,
-            **{k: v.final_val_acc for k, v in fixed.items()},
+        "episode_group": list(final.groups),
+        "final_test_acc": {
+            "learned_sampled": sampled.final_test_acc,
+            **{r.controller: r.final_test_acc for r in final.results},
         },
     }
 
@@ -223,7 +194,7 @@ def draw_curve(results: list[dict[str, object]], path: Path) -> None:
     ax.axhline(0.0, color="grey", linestyle="--", label="no growth")
     ax.set_xlabel("PPO updates")
     ax.set_ylabel("learned − no growth (pts, ± SE)")
-    ax.set_title("Final validation accuracy gained by the learned policy")
+    ax.set_title("Final test accuracy gained by the learned policy")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -237,7 +208,12 @@ def main() -> None:
     parser.add_argument(
         "--every", type=int, default=10, help="PPO updates between curve checkpoints"
     )
-    parser.add_argument("--eval-seed", type=int, default=0)
+    parser.add_argument(
+        "--eval-seed",
+        type=int,
+        default=TUNING_SEEDS.start,
+        help="evaluation seed: tuning range by default; report with one of the reporting range",
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/learning"))
     parser.add_argument("--fit-args", default="", help="extra `esper fit` arguments, one string")
     parser.add_argument("--skip-fit", action="store_true", help="evaluate runs already in --out")
@@ -254,12 +230,20 @@ def main() -> None:
     )
     results = [one_seed(seed, args, extra) for seed in seeds]
     if len(results) > 1:
-        diffs = np.array([r["rows"][0]["vs_no_growth_mean"] for r in results])
-        print(
-            f"\nacross {len(results)} training seeds, learned − no growth: "
-            f"{diffs.mean() * 100:+.2f} ± {diffs.std(ddof=1) / math.sqrt(diffs.size) * 100:.2f} pts "
-            "(mean ± SE over seeds)"
-        )
+        print(f"\nacross {len(results)} training seeds (mean ± SE over seeds of each seed's mean):")
+        for name in COMPARED:
+            if name == NO_GROWTH:
+                continue
+            diffs = np.array(
+                [
+                    next(r for r in res["rows"] if r["controller"] == name)["vs_no_growth_mean"]
+                    for res in results
+                ]
+            )
+            print(
+                f"  {name:<13} − no growth: {diffs.mean() * 100:+.2f} ± "
+                f"{diffs.std(ddof=1) / math.sqrt(diffs.size) * 100:.2f} pts"
+            )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "learning.json").write_text(json.dumps(results, indent=2, default=float))
     print(f"wrote {args.out / 'learning.json'}")

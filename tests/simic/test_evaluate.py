@@ -1,4 +1,5 @@
-"""`esper evaluate`: four controllers on fresh hosts; table, CSV and JSON agree."""
+"""`esper evaluate`: the learned policy and the controls on fresh hosts; table, CSV and JSON
+agree."""
 
 from __future__ import annotations
 
@@ -10,13 +11,10 @@ import pytest
 import torch
 
 from esper.cli import main
+from esper.contracts.evaluation import DEFAULT_CONTROLLERS as CONTROLLERS
 from esper.simic.env import MorphogeneticVecEnv
-from esper.simic.evaluate import (
-    CONTROLLERS,
-    evaluate,
-    evaluation_config,
-    standard_error_of_difference,
-)
+from esper.simic.evaluate import evaluate, evaluation_config
+from esper.simic.statistics import paired_difference
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.heuristic import HeuristicController
 from esper.tamiyo.policy import PolicyNetwork
@@ -37,7 +35,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-def test_table_csv_and_json_agree_and_cover_all_four_controllers(
+def test_table_csv_and_json_agree_and_cover_every_default_controller(
     checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "eval"
@@ -50,7 +48,8 @@ def test_table_csv_and_json_agree_and_cover_all_four_controllers(
     captured = capsys.readouterr()
     printed = captured.out
     progress = [line.split()[0] for line in captured.err.splitlines() if "episode(s) in" in line]
-    assert progress == list(CONTROLLERS)  # one line per controller, as each finishes
+    assert sorted(progress) == sorted(CONTROLLERS)  # one line per controller, as each finishes
+    assert progress[0] == "learned"  # the grower first: the static controls copy it
     table = {
         line.split()[0]: line.split()
         for line in printed.splitlines()
@@ -60,22 +59,27 @@ def test_table_csv_and_json_agree_and_cover_all_four_controllers(
         rows = {row["controller"]: row for row in csv.DictReader(f)}
     payload = json.loads((out / "evaluation.json").read_text())
     by_json = {row["controller"]: row for row in payload["rows"]}
-    assert set(table) == set(rows) == set(by_json) == set(CONTROLLERS)
+    assert list(table) == list(rows) == list(by_json) == list(CONTROLLERS)
+    groups = payload["episode_group"]
+    assert groups == [0, 0, 1]  # two envs side by side: episodes 0 and 1 share a group
     for name in CONTROLLERS:
-        acc = float(rows[name]["final_val_acc_mean"])
-        assert acc == pytest.approx(by_json[name]["final_val_acc_mean"])
-        assert float(table[name][1]) == pytest.approx(acc, abs=1e-4)  # as printed
+        acc = float(rows[name]["final_test_acc_mean"])
+        assert acc == pytest.approx(by_json[name]["final_test_acc_mean"])
+        assert float(table[name][1]) == pytest.approx(acc, abs=1e-4)  # as printed, first
         assert int(rows[name]["episodes"]) == EPISODES
-        assert len(payload["final_val_acc"][name]) == EPISODES
+        for key in ("final_test_acc", "final_val_acc", "params_final", "train_flops"):
+            assert len(payload[key][name]) == EPISODES
+        assert float(rows[name]["params_final_mean"]) > 0
+        assert float(rows[name]["train_flops_mean"]) > 0
     assert float(rows["no_growth"]["params_added_mean"]) == 0.0
     assert float(rows["no_growth"]["seeds_germinated_mean"]) == 0.0
     for name in set(CONTROLLERS) - {"no_growth"}:  # each paired with no growth, as printed
-        mean, se = standard_error_of_difference(
-            payload["final_val_acc"][name], payload["final_val_acc"]["no_growth"]
+        est = paired_difference(
+            payload["final_test_acc"][name], payload["final_test_acc"]["no_growth"], groups
         )
-        assert float(rows[name]["vs_no_growth_mean"]) == pytest.approx(mean)
-        assert by_json[name]["vs_no_growth_se"] == pytest.approx(se)
-        assert f"{mean * 100:+.2f} ± {se * 100:.2f} pts" in " ".join(table[name])
+        assert float(rows[name]["vs_no_growth_mean"]) == pytest.approx(est.mean)
+        assert by_json[name]["vs_no_growth_se"] == pytest.approx(est.se)
+        assert f"{est.mean * 100:+.2f} ± {est.se * 100:.2f} pts" in " ".join(table[name])
 
 
 @pytest.mark.slow
@@ -153,17 +157,13 @@ def test_the_learned_policy_acts_at_its_own_thread_count_as_in_training(
     assert counts and set(counts) == {1}  # PolicyConfig.cpu_threads' default
 
 
-def test_paired_difference_has_a_standard_error() -> None:
-    mean, se = standard_error_of_difference((0.9, 0.8, 0.85), (0.8, 0.8, 0.8))
-    assert mean == pytest.approx(0.05)
-    assert se == pytest.approx(0.0288675, rel=1e-4)
-
-
 def test_bad_arguments_are_refused(checkpoint: Path) -> None:
     with pytest.raises(ValueError, match="episodes"):
         evaluate(checkpoint, episodes=0)
     with pytest.raises(ValueError, match="unknown controllers"):
         evaluate(checkpoint, controllers=("oracle",))
+    with pytest.raises(ValueError, match="neither range"):
+        evaluate(checkpoint, episodes=1, seed=-1, controllers=("no_growth",))
 
 
 @pytest.mark.slow
@@ -237,3 +237,23 @@ def test_a_checkpoint_records_its_envs_per_rank_and_a_damaged_record_is_refused(
     torch.save({**saved, ENVS_PER_RANK_KEY: 3}, damaged)
     with pytest.raises(CheckpointError, match=f"{ENVS_PER_RANK_KEY}=3.*damaged"):
         evaluate(damaged, episodes=1, controllers=("no_growth",))
+
+
+@pytest.mark.parametrize(
+    ("words", "named"),
+    [
+        (["--seed", "5000"], "--seed: evaluation seed 5000 is in neither range"),
+        (["--controllers", "learned,oracle"], "--controllers/--grower: unknown controllers"),
+        (["--controllers", "static_final,no_growth"], "add it to the controllers"),
+        (["--episodes", "0"], "--episodes must be >= 1"),
+    ],
+)
+def test_bad_evaluate_options_are_one_line_naming_the_option_before_any_work(
+    words: list[str], named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from esper.cli.bad_input import BAD_INPUT_STATUS
+
+    missing = tmp_path / "never-read.ckpt"
+    assert main(["evaluate", "--ckpt", str(missing), *words]) == BAD_INPUT_STATUS
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and named in err, err

@@ -27,6 +27,14 @@ from esper import __version__
 from esper.cli.commands import DEFAULT_EVAL_EPISODES, evaluate_command, plugins, report_command
 from esper.cli.lightning_cli import fit
 from esper.cli.options import data_names_as_class_paths
+from esper.contracts.evaluation import (
+    ALL_CONTROLLERS,
+    DEFAULT_CONTROLLERS,
+    DEFAULT_GROWER,
+    REPORTING_SEEDS,
+    TUNING_SEEDS,
+    span,
+)
 
 __all__ = ["build_parser", "fit", "main"]
 
@@ -47,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev = commands.add_parser(
         "evaluate",
-        help="compare the learned policy with the heuristic, random and no-growth controllers",
+        help="compare the learned policy with static networks, a fixed schedule, random "
+        "growth and no growth, on the test split",
     )
     ev.add_argument(
         "--ckpt",
@@ -56,7 +65,25 @@ def build_parser() -> argparse.ArgumentParser:
         "under the current folder",
     )
     ev.add_argument("--episodes", type=int, default=DEFAULT_EVAL_EPISODES)
-    ev.add_argument("--seed", type=int, default=0, help="evaluation seed (never used in training)")
+    ev.add_argument(
+        "--seed",
+        type=int,
+        default=TUNING_SEEDS.start,
+        help=f"evaluation seed, never used in training; no two seeds share an episode. "
+        f"Tune on {span(TUNING_SEEDS)}, report on {span(REPORTING_SEEDS)} "
+        "(default: %(default)s)",
+    )
+    ev.add_argument(
+        "--controllers",
+        default=",".join(DEFAULT_CONTROLLERS),
+        help=f"comma-separated, from {','.join(ALL_CONTROLLERS)} (default: %(default)s)",
+    )
+    ev.add_argument(
+        "--grower",
+        default=DEFAULT_GROWER,
+        help="the grower whose final networks static_final and static_equal copy "
+        "(default: %(default)s)",
+    )
     ev.add_argument("--device", default="cpu")
     ev.add_argument(
         "--sample",

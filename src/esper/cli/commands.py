@@ -45,8 +45,8 @@ def plugins(_: argparse.Namespace) -> int:
 def _say_done(result: Any) -> None:
     """Progress of ``esper evaluate``: one line per controller as it finishes."""
     print(
-        f"  {result.controller:<10} {result.episodes} episode(s) in {result.wall_s:.0f} s, "
-        f"final val acc {result.final_val_acc_mean:.4f}",
+        f"  {result.controller:<13} {result.episodes} episode(s) in {result.wall_s:.0f} s, "
+        f"final test acc {result.test.mean:.4f}, val acc {result.final_val_acc_mean:.4f}",
         file=sys.stderr,
         flush=True,
     )
@@ -55,8 +55,26 @@ def _say_done(result: Any) -> None:
 def evaluate_command(args: argparse.Namespace) -> int:
     """Compare the learned policy with the other controllers; write the tables and pictures."""
     from esper.callbacks.checkpoint import find_last_checkpoint
+    from esper.contracts.evaluation import seed_range
+    from esper.simic.comparison import check_controllers
     from esper.simic.evaluate import evaluate
 
+    controllers = tuple(c.strip() for c in args.controllers.split(",") if c.strip())
+    checks = (
+        ("--seed", lambda: seed_range(args.seed)),
+        ("--controllers/--grower", lambda: check_controllers(controllers, args.grower)),
+    )
+    if args.episodes < 1:
+        print(
+            f"esper evaluate: error: --episodes must be >= 1, got {args.episodes}", file=sys.stderr
+        )
+        return BAD_INPUT_STATUS
+    for option, check in checks:
+        try:
+            check()
+        except ValueError as exc:
+            print(f"esper evaluate: error: {option}: {one_line(exc)}", file=sys.stderr)
+            return BAD_INPUT_STATUS
     ckpt = Path(args.ckpt)
     if args.ckpt == "last":
         found = find_last_checkpoint(Path("."))
@@ -75,8 +93,10 @@ def evaluate_command(args: argparse.Namespace) -> int:
             episodes=args.episodes,
             seed=args.seed,
             device=args.device,
+            controllers=controllers,
             sample=args.sample,
             on_controller_done=_say_done,
+            grower=args.grower,
         )
     except Exception as exc:
         error = input_error(exc)
@@ -86,8 +106,12 @@ def evaluate_command(args: argparse.Namespace) -> int:
         return BAD_INPUT_STATUS
     policy = "sampled" if args.sample else "most likely action per head"
     print(
-        f"esper evaluate: {args.episodes} episode(s) per controller, seed {args.seed}, "
-        f"learned policy {policy}, {ckpt}"
+        f"esper evaluate: {args.episodes} episode(s) per controller, evaluation seed "
+        f"{args.seed} ({seed_range(args.seed)} range), learned policy {policy}, {ckpt}"
+    )
+    print(
+        f"test accuracy on the test split (never read in training); 95% intervals and "
+        f"standard errors count each of the {len(set(result.groups))} episode group(s) once"
     )
     print(result.table())
     for kind, path in result.write(out).items():

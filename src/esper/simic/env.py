@@ -12,6 +12,7 @@ governor's snapshot of a host is a snapshot of everything the env observes about
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -20,13 +21,15 @@ from torch import Tensor
 from esper.contracts import ActionSchema, ObservationLayout
 from esper.contracts.rollout import LifecycleEvent
 from esper.contracts.stages import CONTRIBUTING_STAGES, COOLDOWN_PATH
-from esper.kasmina import BLUEPRINTS, GrowingHost
+from esper.kasmina import BLUEPRINTS, GrowingHost, HostModel
+from esper.kasmina.architecture import Architecture, build_architecture
 from esper.simic.env_config import EnvConfig, blueprint_names, build_host
-from esper.simic.lifecycle_ops import OpApplier, StepOutcome, lifecycle_event
+from esper.simic.lifecycle_ops import OpApplier, StepOutcome, lifecycle_event, seed_key
 from esper.simic.rewards import REWARDS, RewardFn, RewardInputs
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.features import EnvState, ObservationBuilder, SlotState
 from esper.tamiyo.masks import MaskBuilder
+from esper.tolaria.compute import TrainingCompute
 from esper.tolaria.data.base import HostDataModule
 from esper.tolaria.epoch import EpochResult, run_epoch
 
@@ -79,6 +82,15 @@ class MorphogeneticVecEnv:
         self._val_loader = datamodule.host_val_dataloader()
         self._columns = {name: i for i, name in enumerate(self.metric_columns())}
         self.hosts: list[GrowingHost] = []
+        #: Per env, a final architecture to build into its host at every reset (the
+        #: ``static_final`` control: a grown network trained from the start); None: none.
+        self.initial_architectures: Sequence[Architecture | None] | None = None
+        #: Set to count training FLOPs (``esper.tolaria.compute``); evaluation does, the
+        #: training loop does not need to.
+        self.compute: TrainingCompute | None = None
+        #: ``[E]`` training FLOPs of each env's host and seeds since the last reset
+        #: (zeros unless ``compute`` is set).
+        self.train_flops = np.zeros(config.n_envs)
         self.host_epoch = 0
         self.result: EpochResult | None = None
         self._prev_val_acc = torch.zeros(config.n_envs, device=self.device)
@@ -145,6 +157,9 @@ class MorphogeneticVecEnv:
             models = [copy.deepcopy(firsts[e // group]) for e in range(self.n_envs)]
         else:
             models = [build_host(self.config, self.datamodule) for _ in self.host_devices]
+        if self.initial_architectures is not None:
+            self._build_initial_architectures(models, episode_seed)
+        self.train_flops = np.zeros(self.n_envs)
         self.hosts = [
             GrowingHost(model.to(device), self.config.optim)
             for model, device in zip(models, self.host_devices, strict=True)
@@ -155,11 +170,31 @@ class MorphogeneticVecEnv:
         self.result = None
         self.train_epoch()
 
+    def _build_initial_architectures(self, models: list[HostModel], episode_seed: int) -> None:
+        """Build each env's initial architecture into its fresh host, its seeds drawn from
+        a generator per (episode, env, slot) as germination draws them (at host epoch 0,
+        when no germination happens): the hosts' own weights, drawn before, stay those
+        every other controller's episodes start from."""
+        architectures = self.initial_architectures
+        assert architectures is not None
+        if len(architectures) != self.n_envs:
+            raise ValueError(
+                f"initial_architectures lists {len(architectures)} envs; the env has {self.n_envs}"
+            )
+        for e, (model, architecture) in enumerate(zip(models, architectures, strict=True)):
+            if architecture is not None:
+                keys = [seed_key(episode_seed, e, 0, s) for s in range(len(architecture))]
+                build_architecture(model, architecture, keys)
+
     def train_epoch(self) -> EpochResult:
         """One host epoch for every env; the lifecycle clocks tick after it."""
         progress = self.host_epoch / self.config.episode_epochs
         for host in self.hosts:
             host.set_progress(progress)
+        compute = self.compute
+        per_prediction = (
+            None if compute is None else [compute.per_prediction(h) for h in self.hosts]
+        )
         try:
             result = run_epoch(
                 self.hosts,
@@ -181,6 +216,8 @@ class MorphogeneticVecEnv:
                 f"({exc}); check the data module {type(self.datamodule).__name__} (its "
                 "dataset, memory, or data.num_workers=0 to load in the main process)"
             ) from exc
+        if compute is not None and per_prediction is not None:
+            self.train_flops += compute.epoch_flops(per_prediction, result.train_predictions)
         for e in result.skipped_envs:
             self._events.append(
                 LifecycleEvent(

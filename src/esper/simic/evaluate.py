@@ -1,32 +1,27 @@
-"""Does growth pay off? Run fresh hosts under four controllers and compare them.
+"""Does growth pay off? A checkpoint's learned policy against the controls, on fresh hosts.
 
-The learned policy (each head's most likely choice, or sampled with ``sample=True``:
-the stochastic policy PPO trained) is set against the heuristic controller, a random
-legal controller and no growth (WAIT only). Every controller gets the same hosts at the
-start (seeds never used in training), the same data order and the same parameter
-budget. Episodes run side by side in groups as large as a training host's paired group
-(else the run's ``n_envs``), so each host gets as much of every batch as in training
-(``esper.simic.episodes`` runs them); this module loads the checkpoint and tabulates the
-paired results.
+This module loads a checkpoint (its policy, normaliser, env settings and data module)
+and hands the learned policy to ``esper.simic.comparison``, which runs it beside the
+controls a researcher asks for (the grown networks trained from the start, a plain
+network of equal size, a fixed schedule, random growth, no growth) on paired episodes
+and tabulates test accuracy, parameters and training compute. The learned policy acts
+on each head's most likely choice, or samples (``sample=True``): the stochastic policy
+PPO trained. Episodes run side by side in groups as large as a training host's paired
+group (else the run's ``n_envs``), so each host gets as much of every batch as in
+training.
 """
 
 from __future__ import annotations
 
-import csv
 import importlib
 import inspect
-import json
-import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
 from esper.callbacks.checkpoint import CheckpointError, EsperCheckpointIO
-from esper.contracts.rollout import StepBatch
+from esper.contracts.evaluation import DEFAULT_CONTROLLERS, DEFAULT_GROWER, TUNING_SEEDS
 from esper.simic.advantages import group_size
 from esper.simic.checkpoint_contents import (
     DATA_KEY,
@@ -34,121 +29,25 @@ from esper.simic.checkpoint_contents import (
     check_same_action_space,
     checkpoint_policy_spec,
 )
-from esper.simic.env import MorphogeneticVecEnv
+from esper.simic.comparison import (
+    ControllerResult,
+    ControllerSpec,
+    Evaluation,
+    check_controllers,
+    compare,
+)
 from esper.simic.env_config import EnvConfig, action_schema
-from esper.simic.episodes import baseline_controller, run_episodes
 from esper.simic.module import PPOModule
-from esper.simic.rollout import Controller
 from esper.tolaria.data.base import HostDataModule
 
-#: What ``esper evaluate`` compares by default.
-CONTROLLERS: tuple[str, ...] = ("learned", "heuristic", "random", "no_growth")
-#: Every controller it can run: the defaults and the scripted grower (``SCRIPTED_GROWTH``).
-ALL_CONTROLLERS: tuple[str, ...] = (*CONTROLLERS, "scripted")
-#: Columns of the table, CSV and JSON, in order.
-COLUMNS: tuple[str, ...] = (
-    "controller",
-    "episodes",
-    "final_val_acc_mean",
-    "final_val_acc_std",
-    "params_added_mean",
-    "seeds_germinated_mean",
-    "seeds_fossilized_mean",
-    "seeds_pruned_mean",
-    "return_mean",
-    "vs_no_growth_mean",
-    "vs_no_growth_se",
-    "wall_s",
-)
-#: The controller every other one is paired against in the table.
-REFERENCE = "no_growth"
-
-
-@dataclass(frozen=True)
-class ControllerResult:
-    """One controller's figures over the evaluation episodes (means over episodes)."""
-
-    controller: str
-    episodes: int
-    final_val_acc_mean: float
-    final_val_acc_std: float
-    params_added_mean: float
-    seeds_germinated_mean: float
-    seeds_fossilized_mean: float
-    seeds_pruned_mean: float
-    return_mean: float
-    wall_s: float
-    final_val_acc: tuple[float, ...]
-    #: Final accuracy minus no growth's over the same episodes, and its standard error
-    #: (NaN when no growth was not run, or for no growth itself).
-    vs_no_growth_mean: float = math.nan
-    vs_no_growth_se: float = math.nan
-
-
-@dataclass
-class Evaluation:
-    results: list[ControllerResult]
-    #: Per controller, the step batches of each group of episodes run side by side.
-    steps: dict[str, list[list[StepBatch]]]
-    slot_ids: tuple[str, ...]
-
-    def table(self) -> str:
-        header = (
-            f"{'controller':<10} {'final val acc (mean ± std)':>26} "
-            f"{'− no growth (mean ± SE)':>24} {'params':>7} {'germ':>5} {'foss':>5} "
-            f"{'prune':>5} {'return':>8} {'wall s':>7}"
-        )
-        lines = [header, "-" * len(header)]
-        for r in self.results:
-            versus = (
-                ""
-                if math.isnan(r.vs_no_growth_mean)
-                else f"{r.vs_no_growth_mean * 100:+.2f} ± {r.vs_no_growth_se * 100:.2f} pts"
-            )
-            lines.append(
-                f"{r.controller:<10} {r.final_val_acc_mean:>17.4f} ± {r.final_val_acc_std:<6.4f} "
-                f"{versus:>24} {r.params_added_mean:>7.0f} {r.seeds_germinated_mean:>5.2f} "
-                f"{r.seeds_fossilized_mean:>5.2f} {r.seeds_pruned_mean:>5.2f} "
-                f"{r.return_mean:>+8.4f} {r.wall_s:>7.1f}"
-            )
-        return "\n".join(lines)
-
-    def rows(self) -> list[dict[str, Any]]:
-        return [{k: asdict(r)[k] for k in COLUMNS} for r in self.results]
-
-    def write_timelines(self, out_dir: Path) -> list[Path]:
-        """One lifecycle timeline PNG per controller and episode."""
-        from esper.report.timeline import render_timeline
-
-        written = []
-        for name, groups in self.steps.items():
-            episode = 0
-            episodes = next(r.episodes for r in self.results if r.controller == name)
-            for steps in groups:
-                for env in range(steps[0].n_envs if steps else 0):
-                    if episode >= episodes:
-                        break
-                    path = out_dir / f"{name}_episode{episode}.png"
-                    label = f"{name}, episode {episode}"
-                    render_timeline(steps, env, self.slot_ids, path=path, label=label)
-                    written.append(path)
-                    episode += 1
-        return written
-
-    def write(self, out_dir: Path) -> dict[str, Path]:
-        """``evaluation.csv`` and ``evaluation.json`` (rows plus per-episode accuracies)."""
-        out_dir.mkdir(parents=True, exist_ok=True)
-        paths = {"csv": out_dir / "evaluation.csv", "json": out_dir / "evaluation.json"}
-        with paths["csv"].open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=COLUMNS)
-            writer.writeheader()
-            writer.writerows(self.rows())
-        payload = {
-            "rows": self.rows(),
-            "final_val_acc": {r.controller: list(r.final_val_acc) for r in self.results},
-        }
-        paths["json"].write_text(json.dumps(payload, indent=2))
-        return paths
+__all__ = [
+    "ControllerResult",
+    "Evaluation",
+    "evaluate",
+    "evaluation_config",
+    "load_datamodule",
+    "load_module",
+]
 
 
 def load_datamodule(checkpoint: dict[str, Any], path: Path) -> HostDataModule:
@@ -199,25 +98,27 @@ def load_module(path: Path) -> tuple[PPOModule, dict[str, Any]]:
 def evaluate(
     ckpt: Path | str,
     episodes: int = 8,
-    seed: int = 0,
+    seed: int = TUNING_SEEDS.start,
     device: str = "cpu",
     datamodule: HostDataModule | None = None,
-    controllers: tuple[str, ...] = CONTROLLERS,
+    controllers: tuple[str, ...] = DEFAULT_CONTROLLERS,
     sample: bool = False,
     on_controller_done: Callable[[ControllerResult], None] | None = None,
+    grower: str = DEFAULT_GROWER,
 ) -> Evaluation:
     """Run ``episodes`` fresh episodes under each controller; see the module docstring.
 
-    ``sample`` draws the learned policy's actions from its distribution (seeded by the
-    episode group, so a repeat gives the same episodes) instead of taking each head's
-    most likely choice; the other controllers are unaffected. ``on_controller_done`` is
-    called with each controller's result as soon as its episodes are done (progress).
+    ``seed`` is an evaluation seed: its episodes are shared with no other seed, and it
+    lies in the tuning or the reporting range (``esper.simic.episodes``). ``sample``
+    draws the learned policy's actions from its distribution (seeded by the episode
+    group, so a repeat gives the same episodes) instead of taking each head's most
+    likely choice; the other controllers are unaffected. ``grower`` names the grower
+    whose final networks the static controls copy. ``on_controller_done`` is called with
+    each controller's result as soon as its episodes are done (progress).
     """
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"episodes must be an int >= 1, got {episodes!r}")
-    unknown = [c for c in controllers if c not in ALL_CONTROLLERS]
-    if unknown:
-        raise ValueError(f"unknown controllers {unknown}; choose from {list(ALL_CONTROLLERS)}")
+    check_controllers(controllers, grower)
     path = Path(ckpt)
     module, checkpoint = load_module(path)
     data = datamodule or load_datamodule(checkpoint, path)
@@ -225,45 +126,27 @@ def evaluate(
     assert module.policy is not None and module.normalizer is not None
     check_same_action_space(module.policy.schema, action_schema(config, data), path)
     policy = module.policy.to(device).eval()
-    normalizer = module.normalizer.to(device)
-
-    results, all_steps = [], {}
-    slot_ids = module.policy.schema.slot_ids
-    for name in controllers:
-        run = run_episodes(
-            config,
-            data,
-            lambda env, name=name: _controller(name, policy, env),
-            # Only the policy learned in normalised units; the others read raw features.
-            normalizer if name == "learned" else None,
-            episodes=episodes,
-            seed=seed,
-            gamma=module.ppo_config.gamma,
-            gae_lambda=module.ppo_config.gae_lambda,
-            device=device,
-            deterministic=not (sample and name == "learned"),
-            policy_threads=module.policy_config.cpu_threads,
-        )
-        acc = run.per_episode["final_val_acc"]
-        results.append(
-            ControllerResult(
-                controller=name,
-                episodes=episodes,
-                final_val_acc_mean=float(acc.mean()),
-                final_val_acc_std=float(acc.std(ddof=1)) if episodes > 1 else 0.0,
-                params_added_mean=float(run.per_episode["params_added"].mean()),
-                seeds_germinated_mean=float(run.per_episode["seeds_germinated"].mean()),
-                seeds_fossilized_mean=float(run.per_episode["seeds_fossilized"].mean()),
-                seeds_pruned_mean=float(run.per_episode["seeds_pruned"].mean()),
-                return_mean=float(run.per_episode["episode_return"].mean()),
-                wall_s=run.wall_s,
-                final_val_acc=tuple(acc.tolist()),
-            )
-        )
-        all_steps[name] = run.steps
-        if on_controller_done is not None:
-            on_controller_done(results[-1])
-    return Evaluation(_paired_with_reference(results), all_steps, slot_ids)
+    lstm = (module.policy_config.lstm_layers, module.policy_config.hidden_size)
+    learned = ControllerSpec(
+        make=lambda env: (policy, lstm),  # type: ignore[arg-type,return-value]
+        # Only the policy learned in normalised units; the others read raw features.
+        normalizer=module.normalizer.to(device),
+        deterministic=not sample,
+        policy_threads=module.policy_config.cpu_threads,
+    )
+    return compare(
+        config,
+        data,
+        controllers,
+        episodes=episodes,
+        seed=seed,
+        gamma=module.ppo_config.gamma,
+        gae_lambda=module.ppo_config.gae_lambda,
+        device=device,
+        specs={"learned": learned},
+        grower=grower,
+        on_controller_done=on_controller_done,
+    )
 
 
 def evaluation_config(module: PPOModule, envs_per_rank: int | None = None) -> EnvConfig:
@@ -294,35 +177,3 @@ def _envs_per_rank(checkpoint: dict[str, Any], module: PPOModule, path: Path) ->
             f"its model.n_envs={n_envs} into ranks; the file is damaged"
         )
     return value
-
-
-def _paired_with_reference(results: list[ControllerResult]) -> list[ControllerResult]:
-    """``results`` with each one's paired difference to no growth filled in, if it ran."""
-    reference = next((r for r in results if r.controller == REFERENCE), None)
-    if reference is None:
-        return results
-    paired = []
-    for r in results:
-        if r is reference:
-            paired.append(r)
-            continue
-        mean, se = standard_error_of_difference(r.final_val_acc, reference.final_val_acc)
-        paired.append(replace(r, vs_no_growth_mean=mean, vs_no_growth_se=se))
-    return paired
-
-
-def _controller(
-    name: str, policy: torch.nn.Module, env: MorphogeneticVecEnv
-) -> tuple[Controller, tuple[int, int]]:
-    if name == "learned":
-        config = policy.config  # type: ignore[attr-defined]
-        return policy, (config.lstm_layers, config.hidden_size)  # type: ignore[return-value]
-    return baseline_controller(name, env)
-
-
-def standard_error_of_difference(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, float]:
-    """Mean of ``a - b`` and its standard error, for paired episodes (same seeds)."""
-    diff = np.asarray(a) - np.asarray(b)
-    if diff.size < 2:
-        return float(diff.mean()), math.nan
-    return float(diff.mean()), float(diff.std(ddof=1) / math.sqrt(diff.size))

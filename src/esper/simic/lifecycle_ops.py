@@ -26,6 +26,13 @@ from esper.tamiyo.masks import MaskBuilder
 SEED_KEY_MODULUS = 2**63
 
 
+def seed_key(episode_seed: int, env: int, host_epoch: int, slot: int) -> int:
+    """The generator key a seed planted in ``slot`` of ``env`` at ``host_epoch`` is drawn
+    from: one per (env, epoch, slot), so one env's choices never shift the random numbers
+    another env's seeds are initialised with."""
+    return hash((episode_seed, env, host_epoch, slot)) % SEED_KEY_MODULUS
+
+
 @dataclass(frozen=True)
 class StepOutcome:
     """What applying one step's actions did, per env (host-side arrays ``[E]``)."""
@@ -168,12 +175,8 @@ class OpApplier:
         before = slot.stage
         if op == LifecycleOp.GERMINATE:
             name = self.blueprint_names[bp]
-            # A generator per (env, epoch, slot): one env's choices never shift the
-            # random numbers another env's seeds are initialised with.
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(
-                    hash((step.episode_seed, e, step.host_epoch, s)) % SEED_KEY_MODULUS
-                )
+                torch.manual_seed(seed_key(step.episode_seed, e, step.host_epoch, s))
                 host.germinate(slot_id, name, BlendMode(self.blend_modes[blend]))
             out["germinated"][e] = out["applied"][e] = True
             self._event(step, "germinated", e, host, slot_id, before, blueprint=name)
