@@ -22,7 +22,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from esper.contracts.config_errors import ConfigError, owned_by, require_int
+from esper.contracts.config_errors import ConfigError, owned_by, require_int, require_number
 
 TASK_CLASSIFICATION = "classification"
 TASK_LANGUAGE_MODEL = "language_model"
@@ -48,6 +48,22 @@ class DataSplits(NamedTuple):
     train: TensorDataset
     val: TensorDataset
     test: TensorDataset
+
+
+def held_out_fractions(val_fraction: float, test_fraction: float) -> tuple[float, float]:
+    """``(val_fraction, test_fraction)`` as floats, each in (0, 1) and leaving training
+    data: the check every module that holds out fractions of one pool shares."""
+    require_number("val_fraction", val_fraction, above=0.0, below=1.0)
+    require_number("test_fraction", test_fraction, above=0.0, below=1.0)
+    val, test = float(val_fraction), float(test_fraction)
+    if val + test >= 1.0:
+        raise ConfigError(
+            "test_fraction",
+            f"{test_fraction} plus val_fraction {val_fraction} leaves nothing to train on; "
+            f"allowed: val_fraction + test_fraction < 1 (lower test_fraction below "
+            f"{1.0 - val:g} or lower val_fraction)",
+        )
+    return val, test
 
 
 class _RolloutTicks(Dataset[int]):

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from esper.contracts.config_errors import ConfigError, require_int, require_number
+from esper.contracts.config_errors import require_int
 from esper.tolaria.data.base import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_NUM_WORKERS,
@@ -22,6 +22,7 @@ from esper.tolaria.data.base import (
     DataSplits,
     HostDataModule,
     Task,
+    held_out_fractions,
 )
 
 DIGITS_SHAPE: tuple[int, ...] = (1, 8, 8)
@@ -85,17 +86,7 @@ class DigitsDataModule(HostDataModule):
             num_workers=num_workers,
             seed=seed,
         )
-        require_number("val_fraction", val_fraction, above=0.0, below=1.0)
-        require_number("test_fraction", test_fraction, above=0.0, below=1.0)
-        if float(val_fraction) + float(test_fraction) >= 1.0:
-            raise ConfigError(
-                "test_fraction",
-                f"{test_fraction} plus val_fraction {val_fraction} leaves no training data; "
-                f"allowed: val_fraction + test_fraction < 1 (lower test_fraction below "
-                f"{1.0 - float(val_fraction):g} or lower val_fraction)",
-            )
-        self.val_fraction = float(val_fraction)
-        self.test_fraction = float(test_fraction)
+        self.val_fraction, self.test_fraction = held_out_fractions(val_fraction, test_fraction)
         self.split_seed = require_int("split_seed", split_seed, 0)
         self.split_indices: DataSplitIndices | None = None
 

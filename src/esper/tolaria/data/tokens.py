@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import TensorDataset
 
-from esper.contracts.config_errors import ConfigError, require_int, require_number
+from esper.contracts.config_errors import ConfigError, require_int
 from esper.tolaria.data.base import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_NUM_WORKERS,
@@ -28,6 +28,7 @@ from esper.tolaria.data.base import (
     DataSplits,
     HostDataModule,
     Task,
+    held_out_fractions,
 )
 
 DEFAULT_VOCAB_SIZE = 16
@@ -169,16 +170,7 @@ class TokenSequenceDataModule(HostDataModule):
                 )
         val_part = _or(val_fraction, DEFAULT_TEXT_VAL_FRACTION)
         test_part = _or(test_fraction, DEFAULT_TEXT_TEST_FRACTION)
-        require_number("val_fraction", val_part, above=0.0, below=1.0)
-        require_number("test_fraction", test_part, above=0.0, below=1.0)
-        if float(val_part) + float(test_part) >= 1.0:
-            raise ConfigError(
-                "test_fraction",
-                f"{test_part} plus val_fraction {val_part} leaves no text to train on; "
-                f"allowed: val_fraction + test_fraction < 1 (lower test_fraction below "
-                f"{1.0 - float(val_part):g} or lower val_fraction)",
-            )
-        self.val_fraction, self.test_fraction = float(val_part), float(test_part)
+        self.val_fraction, self.test_fraction = held_out_fractions(val_part, test_part)
         self.text_path = Path(text_path).expanduser()
         # Read now, not in setup: the host is built from ``n_classes`` before any data loads.
         self._load_text()
