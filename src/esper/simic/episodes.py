@@ -146,13 +146,14 @@ def run_episodes(
     steps_by_group: list[list[StepBatch]] = []
     finals: list[Architecture] = []
     wall = 0.0
+    compute = TrainingCompute(data.train_dataset[:PROBE_SAMPLES])  # kept across groups
     for g in range(math.ceil(episodes / group)):
         seed_g = group_key(seed, g)
         keep = min(group, episodes - g * group)
         torch.manual_seed(seed_g)  # the same initial hosts for every controller
         env = MorphogeneticVecEnv(config, data, device)
         env.reseed_data(seed_g)
-        env.compute = TrainingCompute(data.train_dataset[:PROBE_SAMPLES])
+        env.compute = compute
         if architectures is not None:
             mine = list(architectures[g * group : g * group + keep])
             env.initial_architectures = mine + [None] * (group - keep)
