@@ -150,7 +150,8 @@ def one_seed(seed: int, args: argparse.Namespace, extra: list[str]) -> dict[str,
         f"learned, sampled: test acc {sampled.test.mean:.4f}, − no growth "
         f"{sampled_vs.mean * 100:+.2f} ± {sampled_vs.se * 100:.2f} pts"
     )
-    print("learning curve (learned, most likely action, − no growth, test accuracy):")
+    if curve:
+        print("learning curve (learned, most likely action, − no growth, test accuracy):")
     for point in curve:
         print(
             f"  update {point['updates']:>4}: {point['diff'] * 100:+.2f} ± {point['se'] * 100:.2f} pts, "
