@@ -22,6 +22,7 @@ import torch
 
 from esper.contracts import BlendMode
 from esper.kasmina.hosts.base import HostModel
+from esper.kasmina.sizing import count_parameters
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ def final_param_count(model: HostModel) -> int:
     """Parameters of the network ``model`` computes now: the host and the seeds of its
     :func:`final_architecture`; seeds that add nothing yet are left out."""
     unused = sum(slot.seed_param_count() for slot in model.iter_slots() if not slot.blends_output)
-    return sum(p.numel() for p in model.parameters()) - unused
+    return count_parameters(model) - unused
 
 
 def build_architecture(

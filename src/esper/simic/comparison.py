@@ -294,14 +294,13 @@ def compare(
     check_controllers(controllers, grower)
     seed_range(seed)
     specs = dict(specs or {})
-    missing = [c for c in controllers if c == "learned" and c not in specs]
-    if missing:
+    if "learned" in controllers and "learned" not in specs:
         raise ValueError("the learned controller needs a policy: evaluate a checkpoint")
     order = sorted(controllers, key=lambda c: (c != grower, c in STATIC_CONTROLS))
     runs: dict[str, Episodes] = {}
     static_equal_kwargs: dict[str, Any] | None = None
 
-    def run(name: str, run_config: EnvConfig, spec: ControllerSpec, **extra: Any) -> Episodes:
+    def run(run_config: EnvConfig, spec: ControllerSpec, **extra: Any) -> Episodes:
         return run_episodes(
             run_config,
             data,
@@ -321,16 +320,16 @@ def compare(
     results: dict[str, ControllerResult] = {}
     for name in order:
         if name == "static_final":
-            episodes_run = run(name, config, alone, architectures=runs[grower].architectures)
+            episodes_run = run(config, alone, architectures=runs[grower].architectures)
         elif name == "static_equal":
             target = float(runs[grower].per_episode["params_final"].mean())
             static_equal_kwargs = equal_size_config(config, data, target)
-            episodes_run = run(name, replace(config, host_kwargs=static_equal_kwargs), alone)
+            episodes_run = run(replace(config, host_kwargs=static_equal_kwargs), alone)
         else:
             spec = specs.get(name) or ControllerSpec(
                 lambda env, name=name: baseline_controller(name, env)
             )
-            episodes_run = run(name, config, spec)
+            episodes_run = run(config, spec)
         runs[name] = episodes_run
         results[name] = _result(name, episodes_run, episodes)
         if on_controller_done is not None:
