@@ -125,3 +125,37 @@ def test_the_policy_acts_and_bootstraps_at_its_own_thread_count() -> None:
     finally:
         torch.set_num_threads(previous)
     assert seen == [("act", 1)] * (EPISODE_EPOCHS - 1) + [("value", 1)]
+
+
+def test_a_rollout_that_widens_and_merges_still_reads_the_device_once_per_host_epoch() -> None:
+    """Widening seeds (their gradient-chosen start, blending through new channels and the
+    merge at fossilize) add no read: every env trains in the main thread here, where the
+    counter sees every read."""
+    import dataclasses
+
+    from esper.kasmina import LifecycleConfig
+    from esper.simic.buffer import RolloutBuffer
+    from esper.simic.episodes import RawObservations
+    from esper.simic.rollout import RolloutCollector
+    from esper.tamiyo.heuristic import SCRIPTED_GROWTH, HeuristicController
+    from tests.simic.envs import GAMMA, LAMBDA
+
+    epochs = 7
+    fast = LifecycleConfig(min_training_epochs=1, blend_epochs=1, min_holding_epochs=0)
+    env = small_env(
+        2, epochs, blueprints=("widen",), widen_init="gradient", lifecycle=fast, cpu_workers=1
+    )
+    config = dataclasses.replace(
+        SCRIPTED_GROWTH, blueprint_preference=("widen",), max_germinate_fraction=0.5
+    )
+    controller = HeuristicController(env.layout, env.schema, config)
+    buffer = RolloutBuffer(
+        env.n_envs, env.decisions_per_episode, env.layout.dim, env.schema, (1, 1), env.device
+    )
+    col = RolloutCollector(env, controller, RawObservations(), buffer, GAMMA, LAMBDA)
+    torch.manual_seed(0)
+    with HostReadCounter() as counter:
+        _, summary = col.collect(0)
+    assert counter.count == summary.packed_transfers == epochs, counter.report()
+    assert summary.seeds_fossilized.sum() > 0
+    assert any(slot.merged for host in env.hosts for slot in host.model.iter_slots())

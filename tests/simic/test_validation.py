@@ -218,7 +218,7 @@ def test_blueprint_keys() -> None:
         "model.blueprints",
         "'conv_light', which fits no slot of host 'transformer'",
         "block0 (transformer, 16 channels, 32)",
-        "blueprints that fit: ['attention', 'norm', 'lora', 'mlp']",
+        "blueprints that fit: ['attention', 'norm', 'lora', 'mlp', 'widen']",
         module=small_module(
             host="transformer", host_kwargs={"d_model": 16}, blueprints=["norm", "conv_light"]
         ),

@@ -23,6 +23,7 @@ import torch
 from esper.contracts import BlendMode
 from esper.kasmina.hosts.base import HostModel
 from esper.kasmina.sizing import count_parameters
+from esper.kasmina.widening import reset_modules
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,12 @@ def build_architecture(
 ) -> None:
     """Build each seed of ``architecture`` into fresh ``model`` as a fossilized seed.
 
-    The seeds are initialised as a germination would (zero output). ``seed_keys`` (one
-    per slot) seeds the random generator each slot's seed is drawn from, forked so that
-    no other draw moves; None draws them from the global generator as it stands.
+    Residual seeds are initialised as a germination would (zero output). A widening
+    seed is merged into the host's layers and those layers are initialised afresh, as
+    any layer of a network built at that width is: the control is the plain wider
+    network, not one whose new units start silent. ``seed_keys`` (one per slot) seeds
+    the random generator each slot's seed is drawn from, forked so that no other draw
+    moves; None draws them from the global generator as it stands.
     """
     if len(architecture) != len(model.slot_ids):
         raise ValueError(
@@ -80,8 +84,16 @@ def build_architecture(
         if seed is None:
             continue
         if seed_keys is None:
-            slot.build_fossilized(seed.blueprint, seed.blend_mode)
+            _build(model, slot.slot_id, seed)
             continue
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed_keys[s])
-            slot.build_fossilized(seed.blueprint, seed.blend_mode)
+            _build(model, slot.slot_id, seed)
+
+
+def _build(model: HostModel, slot_id: str, seed: SlotSeed) -> None:
+    slot = model.slot(slot_id)
+    slot.build_fossilized(seed.blueprint, seed.blend_mode)
+    if slot.widens:
+        model.merge_widening(slot_id)
+        reset_modules(model.widened_layers(slot_id))

@@ -2,7 +2,8 @@
 
 The lifecycle ops that change which parameters exist live here, because they must keep
 the optimizers in step with the module tree: GERMINATE adds a seed optimizer, FOSSILIZE
-moves the seed's parameters into the host optimizer, PRUNE drops them both.
+moves the seed's parameters into the host optimizer (a widening seed's are merged into
+the host's own layers, momentum included), PRUNE drops them both.
 """
 
 from __future__ import annotations
@@ -15,14 +16,24 @@ from esper.kasmina.hosts.base import HostModel
 from esper.kasmina.lifecycle import GateResult, GateSignals
 from esper.kasmina.optim import BASE_LR_KEY, OptimConfig
 from esper.kasmina.sgd import clear_grads, sgd_step
+from esper.kasmina.widen_init import WIDEN_INITS, gradient_selected
 
 
 class GrowingHost:
     """The host network of one env and the optimizers that train it and its seeds."""
 
-    def __init__(self, model: HostModel, optim: OptimConfig | None = None) -> None:
+    def __init__(
+        self, model: HostModel, optim: OptimConfig | None = None, widen_init: str = "random"
+    ) -> None:
+        if widen_init not in WIDEN_INITS:
+            raise ValueError(f"widen_init must be one of {list(WIDEN_INITS)}, got {widen_init!r}")
         self.model = model
         self.optim = optim or OptimConfig()
+        #: How a widening seed's units start (``esper.kasmina.widen_init``).
+        self.widen_init = widen_init
+        #: The last batch the host trained on (set by each training step): what the
+        #: gradient-informed start of a widening seed ranks its candidate units on.
+        self.probe: tuple[torch.Tensor, torch.Tensor] | None = None
         #: Where the learning-rate schedule stands: every optimizer runs at base * this.
         self.lr_factor = 1.0
         self.host_optimizer = self.optim.make(model.host_parameters(), self.optim.host_lr)
@@ -45,6 +56,10 @@ class GrowingHost:
     def germinate(self, slot_id: str, blueprint: str, blend_mode: BlendMode) -> nn.Module:
         slot = self.model.slot(slot_id)
         seed = slot.germinate(blueprint, blend_mode)
+        if slot.widens and self.widen_init == "gradient" and self.probe is not None:
+            # Without a batch trained yet there is nothing to rank on: the draw stays.
+            seed = gradient_selected(self.model, slot, *self.probe)
+            slot.replace_seed(seed)
         self.seed_optimizers[slot_id] = self.optim.make(
             slot.seed_parameters(), self.optim.seed_lr, self.lr_factor
         )
@@ -59,7 +74,12 @@ class GrowingHost:
 
     def _fossilize(self, slot_id: str) -> None:
         """The seed's parameters join the host optimizer; its own optimizer is dropped."""
-        params = list(self.model.slot(slot_id).seed_parameters())
+        slot = self.model.slot(slot_id)
+        if slot.widens:
+            self.model.merge_widening(slot_id, self.optimizers())
+            del self.seed_optimizers[slot_id]
+            return
+        params = list(slot.seed_parameters())
         del self.seed_optimizers[slot_id]
         base = self.optim.host_lr
         self.host_optimizer.add_param_group(

@@ -66,10 +66,12 @@ def _incubating(slots: Sequence[SeedSlot]) -> Iterator[None]:
 @dataclass
 class IncubationStart:
     """Where the incubation pass begins: slot ``index`` (``model.slots`` order), fed
-    ``slot_input``, what reached that slot in the host's own forward of the same batch."""
+    ``slot_input`` and ``slot_context``, what reached that slot in the host's own
+    forward of the same batch."""
 
     index: int
     slot_input: Tensor | None = None
+    slot_context: Tensor | None = None
 
 
 def resumes_at_slots(model: HostModel) -> bool:
@@ -94,8 +96,11 @@ def recording_start(
     index = min(ids.index(slot.slot_id) for slot in slots)
     start = IncubationStart(index)
 
-    def record(_module: nn.Module, args: tuple[Tensor, ...]) -> None:
+    def record(_module: nn.Module, args: tuple[Tensor | None, ...]) -> None:
+        assert args[0] is not None
         start.slot_input = args[0].detach()
+        context = args[1] if len(args) > 1 else None
+        start.slot_context = None if context is None else context.detach()
 
     handle = model.slot(ids[index]).register_forward_pre_hook(record)
     try:
@@ -156,7 +161,9 @@ class IncubationPass:
                     outputs = self.model(x)
                 else:
                     assert start is not None
-                    outputs = self.model.forward_from_slot(start.index, slot_input)
+                    outputs = self.model.forward_from_slot(
+                        start.index, slot_input, start.slot_context
+                    )
         finally:
             for p, flag in zip(self._host_params, tracked, strict=True):
                 p.requires_grad_(flag)

@@ -2,6 +2,10 @@
 
 ``forward(h) = h + alpha * seed(h_in)`` where ``h_in`` is ``h`` detached until the seed is
 fossilized: the seed's path never sends gradients back into the host's earlier layers.
+A widening seed (``esper.kasmina.widening``) reads the ``context`` the host hands the slot
+beside ``h`` instead, and its output either joins ``h`` along channels (``[h, alpha *
+seed(context)]``, read by the host's next layer) or is added to it; fossilizing it merges
+it into the host's layers (:meth:`SeedSlot.absorb`), after which the slot passes ``h`` on.
 
 While TRAINING, alpha is 0: the slot passes ``h`` through, so the host trains exactly as
 it would alone. The seed learns in a separate pass (``esper.kasmina.incubation``) in
@@ -19,6 +23,7 @@ from torch import Tensor, nn
 from esper.contracts import BlendMode, SeedStage
 from esper.kasmina.blueprints import BLUEPRINTS, Blueprint, SlotShape
 from esper.kasmina.lifecycle import GateResult, GateSignals, LifecycleConfig, SeedLifecycle
+from esper.kasmina.widening import CONCAT, Widening
 
 #: A GATED seed's per-channel gate starts at sigmoid(GATE_INIT_LOGIT) ~ 0.95: almost open,
 #: so blending proceeds as scheduled unless the seed learns to shut channels.
@@ -28,10 +33,11 @@ GATE_INIT_LOGIT = 3.0
 class ChannelGate(nn.Module):
     """A learned per-channel gate in (0, 1) multiplied onto a seed's output (BlendMode.GATED)."""
 
-    def __init__(self, shape: SlotShape) -> None:
+    def __init__(self, shape: SlotShape, channels: int | None = None) -> None:
         super().__init__()
         self.channel_dim = 1 if shape.kind == "cnn" else -1
-        self.logit = nn.Parameter(torch.full((shape.channels,), GATE_INIT_LOGIT))
+        width = shape.channels if channels is None else channels
+        self.logit = nn.Parameter(torch.full((width,), GATE_INIT_LOGIT))
 
     def forward(self, delta: Tensor) -> Tensor:
         view = [1] * delta.dim()
@@ -58,6 +64,9 @@ class SeedSlot(nn.Module):
         self._cf_fork: int | None = None
         #: Set during the incubation pass: a TRAINING seed then adds its output at alpha 1.
         self.incubating = False
+        #: Parameters a widening seed added to the host's layers when it was merged
+        #: (set by ``HostModel.merge_widening``).
+        self.merged_params = 0
 
     # ------------------------------------------------------------------ queries
     @property
@@ -73,9 +82,19 @@ class SeedSlot(nn.Module):
         return self.seed is not None
 
     @property
+    def widens(self) -> bool:
+        """The seed is a widening (new units of the host's layers), not a residual block."""
+        return isinstance(self.seed, Widening)
+
+    @property
+    def merged(self) -> bool:
+        """A widening seed grew here and is now part of the host's layers."""
+        return self.merged_params > 0
+
+    @property
     def blends_output(self) -> bool:
-        """True when the seed's output changes the slot's output value (alpha may be > 0)."""
-        return self.seed is not None and self.stage in (
+        """True when the seed's output changes what the host computes (alpha may be > 0)."""
+        return (self.seed is not None or self.merged) and self.stage in (
             SeedStage.BLENDING,
             SeedStage.HOLDING,
             SeedStage.FOSSILIZED,
@@ -87,7 +106,8 @@ class SeedSlot(nn.Module):
                 yield from module.parameters()
 
     def seed_param_count(self) -> int:
-        return sum(p.numel() for p in self.seed_parameters())
+        """Parameters the seed added: its own, or those it brought into the host's layers."""
+        return self.merged_params + sum(p.numel() for p in self.seed_parameters())
 
     # ------------------------------------------------------------- lifecycle ops
     def germinate(self, blueprint: str | Blueprint, blend_mode: BlendMode) -> nn.Module:
@@ -110,7 +130,8 @@ class SeedSlot(nn.Module):
         device = self._device_anchor.device
         self.seed = module.to(device)
         if BlendMode(blend_mode) is BlendMode.GATED:
-            self.gate = ChannelGate(self.shape).to(device)
+            channels = module.gate_channels if isinstance(module, Widening) else None
+            self.gate = ChannelGate(self.shape, channels).to(device)
         self._sync_alpha()
         return self.seed
 
@@ -126,6 +147,39 @@ class SeedSlot(nn.Module):
         self.gate = None
         self._sync_alpha()
 
+    def replace_seed(self, module: nn.Module) -> None:
+        """Hold ``module`` instead of the seed just planted (a widening's chosen units:
+        ``esper.kasmina.widen_init``), before anything has trained it."""
+        if self.stage is not SeedStage.GERMINATED or self.lifecycle.blend_mode is None:
+            raise ValueError(
+                f"slot {self.slot_id} can replace only a seed just germinated, not one in "
+                f"{self.stage.name}"
+            )
+        self.gate = None
+        self._hold(module, self.lifecycle.blend_mode)
+
+    def absorb(self) -> None:
+        """Let go of a widening seed the host has merged into its layers
+        (:meth:`esper.kasmina.hosts.base.HostModel.merge_widening`)."""
+        if not self.widens or self.stage is not SeedStage.FOSSILIZED:
+            raise ValueError(
+                f"slot {self.slot_id} can absorb only a fossilized widening seed; it holds "
+                f"{type(self.seed).__name__} in {self.stage.name}"
+            )
+        self.merged_params = self.seed_param_count()
+        self.seed = None
+        self.gate = None
+
+    def consume(self, extra: Tensor) -> Tensor:
+        """What the host's next layer gets from the new channels ``extra`` this slot's
+        widening seed put beside its output."""
+        if not isinstance(self.seed, Widening):
+            raise ValueError(
+                f"slot {self.slot_id} passed on {extra.shape[1]} channels more than the host "
+                "has, but holds no widening seed to read them"
+            )
+        return self.seed.consume(extra)
+
     def end_epoch(self) -> SeedStage | None:
         entered = self.lifecycle.end_epoch()
         self._sync_alpha()
@@ -135,19 +189,31 @@ class SeedSlot(nn.Module):
         self._alpha_t.fill_(self.alpha)  # a host-to-device fill, never a read
 
     # --------------------------------------------------------------- forward
-    def forward(self, h: Tensor) -> Tensor:
+    def forward(self, h: Tensor, context: Tensor | None = None) -> Tensor:
+        """The slot's output from the host's activation ``h``; ``context`` is what a
+        widening seed reads (the stage's input, the MLP's input), None where the host
+        offers none."""
         seed = self.seed
         stage = self.stage
-        if seed is None or stage is SeedStage.GERMINATED:
+        if seed is None:
             return h
-        if stage is SeedStage.TRAINING:
+        source = h
+        if isinstance(seed, Widening):
+            if context is None:
+                raise ValueError(
+                    f"slot {self.slot_id} holds a widening seed but the host passed no "
+                    "context; a host that offers widen must call slot(h, context)"
+                )
+            source = context
+        if stage is SeedStage.GERMINATED or stage is SeedStage.TRAINING:
             if not self.incubating:
                 return h  # alpha 0: the host trains alone; the seed learns in incubation
-            return h + seed(h.detach())
-        delta = seed(h if stage is SeedStage.FOSSILIZED else h.detach())
+            # A seed-only pass: incubation (TRAINING), or choosing a widening's units.
+            return self._join(h, seed(source.detach()))
+        delta = seed(source if stage is SeedStage.FOSSILIZED else source.detach())
         if self.gate is not None:
             delta = self.gate(delta)
-        out = h + self._alpha_t * delta
+        out = self._join(h, self._alpha_t * delta)
         live = self._cf_fork
         if live is None:
             return out
@@ -155,7 +221,15 @@ class SeedSlot(nn.Module):
         # by the seeds switched off upstream. Every replica keeps this seed; one more, replica
         # 0's input without it, is appended. Until the first such slot the replicas would be
         # identical, so the host runs that prefix once.
-        return torch.cat([out, h[: h.shape[0] // live]])
+        n = h.shape[0] // live
+        if isinstance(seed, Widening) and seed.join == CONCAT:
+            return torch.cat([out, self._join(h[:n], torch.zeros_like(delta[:n]))])
+        return torch.cat([out, h[:n]])
+
+    def _join(self, h: Tensor, delta: Tensor) -> Tensor:
+        if isinstance(self.seed, Widening) and self.seed.join == CONCAT:
+            return torch.cat([h, delta], dim=1)
+        return h + delta
 
     def set_counterfactual_fork(self, live: int | None) -> None:
         """Fork a counterfactual replica here: ``live`` replicas arrive (None to clear).

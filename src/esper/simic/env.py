@@ -161,7 +161,7 @@ class MorphogeneticVecEnv:
             self._build_initial_architectures(models, episode_seed)
         self.train_flops = np.zeros(self.n_envs)
         self.hosts = [
-            GrowingHost(model.to(device), self.config.optim)
+            GrowingHost(model.to(device), self.config.optim, self.config.widen_init)
             for model, device in zip(models, self.host_devices, strict=True)
         ]
         self.host_epoch = 0

@@ -20,6 +20,7 @@ from esper.contracts.config_errors import (
     require_int,
 )
 from esper.kasmina import BLUEPRINTS, HOSTS, HostModel, LifecycleConfig, OptimConfig
+from esper.kasmina.widen_init import WIDEN_INITS
 from esper.simic.advantages import group_size
 from esper.simic.rewards import REWARDS, RewardConfig
 from esper.tolaria.data.base import HostDataModule
@@ -66,6 +67,9 @@ class EnvConfig:
     #: form groups of this many, each group from its own host, and each host trains on
     #: 1/group of every batch; no more envs than this (or None) make one group.
     pair_size: int | None = None
+    #: How a widening seed's new units start (``esper.kasmina.widen_init``): "random"
+    #: keeps a germination's draw, "gradient" keeps the candidates the loss most needs.
+    widen_init: str = "random"
     #: Threads that train CPU envs at once, each env's ops on one core: None uses every
     #: core torch uses (``OMP_NUM_THREADS``), at most one per env; 1 trains envs in turn.
     #: Results are the same either way; GPUs keep their per-env streams.
@@ -74,6 +78,7 @@ class EnvConfig:
     def __post_init__(self) -> None:
         with owned_by(self):
             require_bool("paired", self.paired)
+            require_choice("widen_init", self.widen_init, WIDEN_INITS)
             if self.pair_size is not None:
                 require_int("pair_size", self.pair_size, 2, hint="or null for one group")
             if self.cpu_workers is not None:

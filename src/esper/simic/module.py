@@ -110,6 +110,8 @@ class PPOModule(LightningModule):
             :data:`DEFAULT_HOST_KWARGS` for that host (a small CNN that growth can add to).
         blueprints: the blueprints the policy may plant; default the host's own list (the
             conv family on ``cnn``), else every registered one that fits a slot.
+        widen_init: how a widening seed's new units start: ``random`` (a germination's
+            draw) or ``gradient`` (the candidates the loss most needs; kasmina/widen_init.py).
         reward: registered reward family (``shaped``, ``sparse`` or a plugin).
         lifecycle: how long each seed stage lasts and what a seed must show to be kept
             (LifecycleConfig); null takes its defaults, `--model.lifecycle.help` lists them.
@@ -140,6 +142,7 @@ class PPOModule(LightningModule):
         host: str = "cnn",
         host_kwargs: Mapping[str, Any] | None = None,
         blueprints: list[str] | None = None,
+        widen_init: str = "random",
         reward: str = "shaped",
         lifecycle: LifecycleConfig | None = None,
         host_optim: OptimConfig | None = None,
@@ -165,6 +168,7 @@ class PPOModule(LightningModule):
             host=host,
             host_kwargs=dict(host_kwargs),
             blueprints=tuple(blueprints) if blueprints is not None else None,
+            widen_init=widen_init,
             reward=reward,
             lifecycle=_as_config(LifecycleConfig, lifecycle),
             optim=_as_config(OptimConfig, host_optim),

@@ -405,6 +405,7 @@ def _train_step(
 ) -> None:
     env.zero_grad()
     env.model.check_input(x)  # host-side shape check, outside any compiled graph
+    env.probe = (x, y)  # a reference: what a widening seed planted next ranks units on
     # Without amp, no autocast object per step: a step's Python holds the lock the CPU
     # worker threads share (``esper.tolaria.parallel``).
     autocast = (

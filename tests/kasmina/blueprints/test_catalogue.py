@@ -12,6 +12,8 @@ from esper.kasmina import BlueprintFitError, CNNHost, SlotShape, TransformerHost
 from esper.kasmina.blueprints import BLUEPRINTS, Blueprint, blueprints_fitting
 from esper.kasmina.blueprints import _as_blueprint as as_blueprint
 
+#: The built-in residual blueprints (``widen``, the widening one, is pinned in
+#: tests/kasmina/test_widening.py: its output is new units, not a block's zero delta).
 BUILTIN = (
     "conv_light",
     "conv_heavy",
@@ -77,8 +79,10 @@ def _input(shape: SlotShape, batch: int = 2) -> torch.Tensor:
 
 
 def test_registry_holds_the_builtin_blueprints_in_order() -> None:
-    assert BLUEPRINTS.names()[: len(BUILTIN)] == BUILTIN
-    for name in BUILTIN:
+    assert BLUEPRINTS.names()[: len(BUILTIN) + 1] == (*BUILTIN, "widen")
+    assert all(BLUEPRINTS.get(name).operator == "residual" for name in BUILTIN)
+    assert BLUEPRINTS.get("widen").operator == "widen"
+    for name in (*BUILTIN, "widen"):
         assert BLUEPRINTS.entry(name).source == "esper (built-in)"
         assert BLUEPRINTS.get(name).name == name
         assert BLUEPRINTS.get(name).description
@@ -175,7 +179,9 @@ def test_blueprints_fitting_lists_exactly_the_fitting_ones_in_registry_order(kin
         "norm",
         "lora",
         "mlp",
+        "widen",
     )
+    # A CNN slot that does not say which layers surround it cannot widen.
     assert set(blueprints_fitting(SlotShape("cnn", 16, (8, 8)))) == set(BUILTIN)
 
 

@@ -30,8 +30,13 @@ def test_cnn_host_builds_and_runs_on_digits_and_cifar_shapes(
     host = CNNHost(input_shape)
     assert host.kind == "cnn"
     assert host.slot_ids == ("stage0", "stage1", "stage2")
+    widths = [input_shape[0], *(c for c, _ in slot_shapes[:-1])]
+    consumers = [(c, 9) for c, _ in slot_shapes[1:]] + [(10, 1)]
     assert [s.shape for s in host.iter_slots()] == [
-        SlotShape("cnn", c, hw) for c, hw in slot_shapes
+        SlotShape(
+            "cnn", c, hw, producer_in=c_in, producer_layers=2, consumer_out=out, consumer_area=area
+        )
+        for (c, hw), c_in, (out, area) in zip(slot_shapes, widths, consumers, strict=True)
     ]
     x = torch.randn(3, *input_shape)
     out = host(x)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from esper.kasmina.blueprints.channelwise import channelwise_blueprints
 from esper.kasmina.blueprints.conv import conv_blueprints
 from esper.kasmina.blueprints.spec import HOST_KINDS, Blueprint, BlueprintFitError, SlotShape
+from esper.kasmina.blueprints.widen import widen_blueprints
 from esper.plugins import Registry
 
 
@@ -26,7 +27,7 @@ def _as_blueprint(name: str, obj: object) -> Blueprint:
 
 BLUEPRINTS: Registry[Blueprint] = Registry("esper.blueprints", "blueprint", validate=_as_blueprint)
 
-for _bp in (*conv_blueprints(), *channelwise_blueprints()):
+for _bp in (*conv_blueprints(), *channelwise_blueprints(), *widen_blueprints()):
     BLUEPRINTS.register(_bp.name, _bp)
 
 

@@ -14,6 +14,8 @@ from torch import nn
 
 #: Host kinds a blueprint may declare.
 HOST_KINDS: frozenset[str] = frozenset({"cnn", "transformer"})
+#: How a seed may join its host (see :class:`Blueprint`).
+OPERATORS: frozenset[str] = frozenset({"residual", "widen"})
 
 
 @dataclass(frozen=True)
@@ -23,12 +25,25 @@ class SlotShape:
     cnn: ``[C, H, W]`` with ``channels=C`` and ``spatial=(H, W)``;
     transformer: ``[T, D]`` with ``channels=D``, ``spatial=(T,)`` and ``causal=True``
     (a seed must not let a token see later tokens).
+
+    A widening seed (``Blueprint.operator == "widen"``) grows the layers around the slot,
+    not the activation, so it is sized by them too: on a CNN slot the stage before it
+    (``producer_in`` input channels, ``producer_layers`` convolutions) and the layer
+    after it (``consumer_out`` outputs, each reading a ``consumer_area`` window per input
+    channel: 9 for the next stage's 3x3 convolution, 1 for the linear head). Zero where
+    the host does not say (a slot built alone): widening blueprints then do not fit.
+    These are the widths the host was built with; they never change, so every count
+    a mask computes from them at the start of an episode stays exact.
     """
 
     kind: str
     channels: int
     spatial: tuple[int, ...]
     causal: bool = False
+    producer_in: int = 0
+    producer_layers: int = 0
+    consumer_out: int = 0
+    consumer_area: int = 0
 
     @property
     def tokens(self) -> int:
@@ -46,10 +61,18 @@ class BlueprintFitError(ValueError):
 class Blueprint:
     """A named seed recipe.
 
-    ``build`` must return a module whose output has the input's shape and is exactly zero
-    at initialisation (its last layer zero-initialised), so a GERMINATED seed leaves the
-    host's function unchanged. ``param_count`` must equal the built module's parameter
-    count; tests check both for every registered blueprint.
+    ``build`` must return a module whose output adds exactly nothing to the host at
+    initialisation, so a GERMINATED seed leaves the host's function unchanged.
+    ``param_count`` must equal the built module's parameter count; tests check both for
+    every registered blueprint.
+
+    ``operator`` says how the seed joins the host:
+
+    * ``"residual"``: a block beside the activation, ``h + alpha * seed(h)``, its last
+      layer zero-initialised (a block inserted as an identity: growth in depth);
+    * ``"widen"``: new units of the layers around the slot (a
+      :class:`esper.kasmina.widening.Widening`), their outgoing weights zero; fossilizing
+      merges them into those layers, so the host becomes a plain wider network.
     """
 
     name: str
@@ -59,8 +82,14 @@ class Blueprint:
     #: Extra shape rules beyond the host kind: returns why the shape does not fit, or None.
     shape_rule: Callable[[SlotShape], str | None] | None = None
     description: str = ""
+    operator: str = "residual"
 
     def __post_init__(self) -> None:
+        if self.operator not in OPERATORS:
+            raise ValueError(
+                f"blueprint {self.name!r} has operator {self.operator!r}; "
+                f"it must be one of {sorted(OPERATORS)}"
+            )
         unknown = set(self.host_kinds) - HOST_KINDS
         if not self.host_kinds or unknown:
             raise ValueError(

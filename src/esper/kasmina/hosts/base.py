@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from esper.contracts import SeedStage
 from esper.contracts.checks import is_finite_real
 from esper.kasmina.lifecycle import LifecycleConfig
 from esper.kasmina.slot import SeedSlot
+from esper.kasmina.widening import TensorMerge, apply_merges
 
 
 class HostModel(nn.Module, ABC):
@@ -97,8 +99,9 @@ class HostModel(nn.Module, ABC):
         """Parameters added by seeds (live and fossilized): what the parameter rent charges."""
         return sum(slot.seed_param_count() for slot in self.iter_slots())
 
-    def forward_from_slot(self, index: int, h: Tensor) -> Tensor:
-        """The rest of ``forward`` from what reaches slot ``index`` (``self.slots`` order).
+    def forward_from_slot(self, index: int, h: Tensor, context: Tensor | None = None) -> Tensor:
+        """The rest of ``forward`` from what reaches slot ``index`` (``self.slots`` order):
+        ``h`` and the ``context`` the host hands that slot beside it (see ``SeedSlot``).
 
         Why: a seed in TRAINING learns in a pass of its own (``esper.kasmina.incubation``),
         and the layers before its slot compute there exactly what the host's own forward
@@ -106,6 +109,47 @@ class HostModel(nn.Module, ABC):
         that does not is run whole, with the same result, a little slower.
         """
         raise NotImplementedError(f"{type(self).__name__} does not resume at a slot")
+
+    def merge_widening(
+        self, slot_id: str, optimizers: Iterable[torch.optim.Optimizer] = ()
+    ) -> None:
+        """Merge the fossilized widening seed of ``slot_id`` into this host's layers, their
+        momentum from ``optimizers`` with them; the slot then holds no module.
+
+        The slot keeps counting what the merge added to the host: the seed's parameters
+        and the blocks between old and new units that were held at zero while it lived
+        (they train from now on), so the rent charges the network the host has become.
+        """
+        slot = self.slot(slot_id)
+        host_before = sum(p.numel() for p in self.parameters()) - slot.seed_param_count()
+        apply_merges(self.widening_merges(slot_id), optimizers)
+        self.sync_widths()
+        slot.absorb()
+        slot.merged_params = sum(p.numel() for p in self.parameters()) - host_before
+
+    def sync_widths(self) -> None:
+        """Make each layer's width attributes (``in_features`` and the like) match its
+        weights after a merge. Hosts that widen override it."""
+
+    def widening_merges(self, slot_id: str) -> list[TensorMerge]:
+        """How the fossilized widening seed of ``slot_id`` merges into this host's layers.
+
+        Why the host: only it knows which of its layers the seed's units extend (see
+        ``esper.kasmina.widening``); :meth:`esper.kasmina.growing_host.GrowingHost.advance`
+        applies them when the seed fossilizes.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot merge a widening seed; implement widening_merges "
+            "and widened_layers on it, or leave 'widen' out of its blueprints"
+        )
+
+    def widened_layers(self, slot_id: str) -> list[nn.Module]:
+        """The host's layers a merged widening of ``slot_id`` made wider (to initialise
+        afresh when a static control is built with them: ``esper.kasmina.architecture``)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot merge a widening seed; implement widening_merges "
+            "and widened_layers on it, or leave 'widen' out of its blueprints"
+        )
 
     @abstractmethod
     def check_input(self, x: Tensor) -> None:

@@ -14,6 +14,16 @@ from esper.kasmina.blueprints import SlotShape
 from esper.kasmina.hosts.base import HostModel, check_widening_factor, integer_roundings
 from esper.kasmina.lifecycle import LifecycleConfig
 from esper.kasmina.slot import SeedSlot
+from esper.kasmina.widening import (
+    KERNEL,
+    LINEAR_AREA,
+    ConvWidening,
+    TensorMerge,
+    block_diagonal,
+    columns,
+    concat,
+    rows,
+)
 
 DEFAULT_CHANNELS: tuple[int, ...] = (16, 32, 64)
 #: Two convs per stage by default; one (with channels 8, 16, 32) is esper-lite's host, for
@@ -77,8 +87,26 @@ class ConvStage(nn.Module):
             ]
         self.body = nn.Sequential(*layers)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.body(x)
+    @property
+    def in_channels(self) -> int:
+        return self.convs()[0].in_channels
+
+    def convs(self) -> list[nn.Conv2d]:
+        return [m for m in self.body if isinstance(m, nn.Conv2d)]
+
+    def norms(self) -> list[nn.BatchNorm2d]:
+        return [m for m in self.body if isinstance(m, nn.BatchNorm2d)]
+
+    def forward(self, x: Tensor, first_extra: Tensor | None = None) -> Tensor:
+        """``first_extra`` is added to the first convolution's first outputs: what a
+        widening seed of the previous stage sends through its own weights."""
+        if first_extra is None:
+            return self.body(x)
+        y = self.body[0](x)
+        missing = y.shape[1] - first_extra.shape[1]
+        if missing:
+            first_extra = F.pad(first_extra, (0, 0, 0, 0, 0, missing))
+        return self.body[1:](y + first_extra)
 
 
 class CNNHost(HostModel):
@@ -132,7 +160,17 @@ class CNNHost(HostModel):
         c_in, h, w = input_shape
         for i, c in enumerate(channels):
             self.stages.append(ConvStage(c_in, c, convs_per_stage))
-            self.slots[f"stage{i}"] = SeedSlot(f"stage{i}", SlotShape("cnn", c, (h, w)), lifecycle)
+            last = i == len(channels) - 1
+            shape = SlotShape(
+                "cnn",
+                c,
+                (h, w),
+                producer_in=c_in,
+                producer_layers=convs_per_stage,
+                consumer_out=n_classes if last else channels[i + 1],
+                consumer_area=LINEAR_AREA if last else KERNEL * KERNEL,
+            )
+            self.slots[f"stage{i}"] = SeedSlot(f"stage{i}", shape, lifecycle)
             pool = h >= POOL and w >= POOL
             self.pools.append(pool)
             if pool:
@@ -180,17 +218,75 @@ class CNNHost(HostModel):
         self.check_input(x)
         if self.channels_last:
             x = channels_last_on_cpu(x)
-        return self.forward_from_slot(0, self.stages[0](x))
+        return self.forward_from_slot(0, self.stages[0](x), x)
 
-    def forward_from_slot(self, index: int, h: Tensor) -> Tensor:
-        layers = zip(self.stages, self.slots.values(), self.pools, strict=True)
-        for i, (stage, slot, pool) in enumerate(layers):
-            if i < index:
-                continue
-            h = slot(h if i == index else stage(h))
-            if pool:
+    def forward_from_slot(self, index: int, h: Tensor, context: Tensor | None = None) -> Tensor:
+        """Slot ``i``'s context is stage ``i``'s input. A widening seed's new channels
+        leave its slot beside ``h`` and reach the next stage, or the head, through the
+        seed's own weights (:meth:`_consumed`)."""
+        slots = list(self.slots.values())
+        for i in range(index, len(slots)):
+            if i > index:
+                context = h
+                stage = self.stages[i]
+                host, extra = self._split(h, stage.in_channels)
+                h = stage(host, None if extra is None else slots[i - 1].consume(extra))
+            h = slots[i](h, context)
+            if self.pools[i]:
                 h = max_pool_2x2(h)
-        return self.head(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1))
+        features = torch.flatten(F.adaptive_avg_pool2d(h, 1), 1)
+        host, extra = self._split(features, self.head.in_features)
+        logits = self.head(host)
+        return logits if extra is None else logits + slots[-1].consume(extra)
+
+    @staticmethod
+    def _split(h: Tensor, channels: int) -> tuple[Tensor, Tensor | None]:
+        """The host's own channels of ``h`` and, if any, a widening seed's beside them."""
+        if h.shape[1] == channels:
+            return h, None
+        return h[:, :channels], h[:, channels:]
+
+    # ------------------------------------------------------------------ widening
+    def widening_merges(self, slot_id: str) -> list[TensorMerge]:
+        """Stage ``i``'s convolutions and norms take the seed's channels (the first one's
+        rows, later ones block-diagonally), and the next stage's first convolution, or the
+        head, the seed's consumer weights as new input columns, its gate folded in."""
+        i = self.slot_ids.index(slot_id)
+        slot = self.slot(slot_id)
+        seed = slot.seed
+        if not isinstance(seed, ConvWidening):
+            raise ValueError(f"slot {slot_id} holds no convolutional widening seed to merge")
+        stage = self.stages[i]
+        merges = []
+        for j, (conv, new) in enumerate(zip(stage.convs(), seed.convs(), strict=True)):
+            merges.append(
+                TensorMerge(conv, "weight", rows if j == 0 else block_diagonal, (new.weight,))
+            )
+        for norm, new in zip(stage.norms(), seed.norms(), strict=True):
+            for name in ("weight", "bias", "running_mean", "running_var"):
+                merges.append(TensorMerge(norm, name, concat, (getattr(new, name),)))
+        gate = None if slot.gate is None else torch.sigmoid(slot.gate.logit.detach())
+        consumer = self._consumer(i)
+        merges.append(TensorMerge(consumer, "weight", columns(gate), (seed.consumer.weight,)))
+        return merges
+
+    def widened_layers(self, slot_id: str) -> list[nn.Module]:
+        i = self.slot_ids.index(slot_id)
+        stage = self.stages[i]
+        return [*stage.convs(), *stage.norms(), self._consumer(i)]
+
+    def _consumer(self, i: int) -> nn.Module:
+        """The layer that reads stage ``i``'s output: the next stage's first conv, or the head."""
+        return self.stages[i + 1].convs()[0] if i + 1 < len(self.stages) else self.head
+
+    def sync_widths(self) -> None:
+        """Make each layer's width attributes match its (merged) weights."""
+        for stage in self.stages:
+            for conv in stage.convs():
+                conv.out_channels, conv.in_channels = conv.weight.shape[:2]
+            for norm in stage.norms():
+                norm.num_features = norm.weight.shape[0]
+        self.head.in_features = self.head.weight.shape[1]
 
     def loss_and_correct(self, outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, int]:
         loss = F.cross_entropy(outputs, targets)

@@ -14,6 +14,14 @@ from esper.kasmina.blueprints import SlotShape
 from esper.kasmina.hosts.base import HostModel, check_widening_factor, integer_roundings
 from esper.kasmina.lifecycle import LifecycleConfig
 from esper.kasmina.slot import SeedSlot
+from esper.kasmina.widening import (
+    MLPWidening,
+    TensorMerge,
+    columns,
+    concat,
+    output_gated_columns,
+    rows,
+)
 
 #: The MLP's hidden width is this many times ``d_model`` unless ``mlp_hidden`` says otherwise.
 MLP_RATIO = 4
@@ -42,11 +50,16 @@ class CausalBlock(nn.Module):
         )
 
     def forward(self, x: Tensor) -> Tensor:
+        return self.forward_with_mlp_input(x)[0]
+
+    def forward_with_mlp_input(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The block's output and its MLP's input (what a widening of the MLP reads)."""
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp(self.ln2(x))
+        mlp_in = self.ln2(x)
+        return x + self.mlp(mlp_in), mlp_in
 
 
 class TransformerHost(HostModel):
@@ -169,14 +182,48 @@ class TransformerHost(HostModel):
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)
         positions = torch.arange(x.shape[1], device=x.device)
-        return self.forward_from_slot(0, self.blocks[0](self.tok(x) + self.pos(positions)))
+        h, mlp_in = self.blocks[0].forward_with_mlp_input(self.tok(x) + self.pos(positions))
+        return self.forward_from_slot(0, h, mlp_in)
 
-    def forward_from_slot(self, index: int, h: Tensor) -> Tensor:
+    def forward_from_slot(self, index: int, h: Tensor, context: Tensor | None = None) -> Tensor:
+        """Slot ``i``'s context is block ``i``'s MLP input (what a widening seed reads)."""
         for i, (block, slot) in enumerate(zip(self.blocks, self.slots.values(), strict=True)):
             if i < index:
                 continue
-            h = slot(h if i == index else block(h))
+            if i > index:
+                h, context = block.forward_with_mlp_input(h)
+            h = slot(h, context)
         return self.head(self.ln_f(h))
+
+    # ------------------------------------------------------------------ widening
+    def widening_merges(self, slot_id: str) -> list[TensorMerge]:
+        """Block ``i``'s MLP takes the seed's hidden units: rows of its first layer (and
+        bias), columns of its second, the gate over the outputs folded in."""
+        slot = self.slot(slot_id)
+        seed = slot.seed
+        if not isinstance(seed, MLPWidening):
+            raise ValueError(f"slot {slot_id} holds no MLP widening seed to merge")
+        up, down = self._mlp(slot_id)
+        gate = None if slot.gate is None else torch.sigmoid(slot.gate.logit.detach())
+        into_down = columns() if gate is None else output_gated_columns(gate)
+        return [
+            TensorMerge(up, "weight", rows, (seed.up.weight,)),
+            TensorMerge(up, "bias", concat, (seed.up.bias,)),
+            TensorMerge(down, "weight", into_down, (seed.down.weight,)),
+        ]
+
+    def widened_layers(self, slot_id: str) -> list[nn.Module]:
+        return list(self._mlp(slot_id))
+
+    def _mlp(self, slot_id: str) -> tuple[nn.Linear, nn.Linear]:
+        block = self.blocks[self.slot_ids.index(slot_id)]
+        return block.mlp[0], block.mlp[2]
+
+    def sync_widths(self) -> None:
+        for block in self.blocks:
+            up, down = block.mlp[0], block.mlp[2]
+            up.out_features = up.weight.shape[0]
+            down.in_features = down.weight.shape[1]
 
     def loss_and_correct(self, outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, int]:
         loss = F.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1))
