@@ -18,7 +18,7 @@ The exit status is 0 either way: this measures, it does not gate.
 
 Usage: ``python benchmarks/growth.py [--episodes 16] [--controllers scripted,no_growth]
 [--host-kwargs '{"channels": [4, 8, 16]}'] [--data digits] [--episode-epochs 25]
-[--seed 0] [--out runs/growth]``
+[--blueprints widen] [--widen-init gradient] [--seed 0] [--out runs/growth]``
 """
 
 from __future__ import annotations
@@ -69,6 +69,12 @@ def main() -> None:
     parser.add_argument("--host-kwargs", default=None, help="JSON; default: PPOModule's")
     parser.add_argument("--n-envs", type=int, default=None, help="default: PPOModule's")
     parser.add_argument("--host-optim", default=None, help="JSON of OptimConfig fields")
+    parser.add_argument(
+        "--blueprints", default=None, help="comma-separated; default: the host's own list"
+    )
+    parser.add_argument(
+        "--widen-init", default=None, help="random or gradient; default: PPOModule's"
+    )
     parser.add_argument("--data-kwargs", default=None, help="JSON of data module arguments")
     parser.add_argument("--episode-epochs", type=int, default=None)
     parser.add_argument("--seed", type=int, default=TUNING_SEEDS.start)
@@ -83,6 +89,8 @@ def main() -> None:
         "n_envs": args.n_envs,
         "episode_epochs": args.episode_epochs,
         "optim": OptimConfig(**json.loads(args.host_optim)) if args.host_optim else None,
+        "blueprints": tuple(args.blueprints.split(",")) if args.blueprints else None,
+        "widen_init": args.widen_init,
     }
     config = EnvConfig(
         **{
@@ -96,6 +104,7 @@ def main() -> None:
         f"growth: {args.episodes} paired episodes, evaluation seed {args.seed} "
         f"({seed_range(args.seed)} range), data {args.data}, host {config.host} "
         f"{dict(config.host_kwargs)}, {config.n_envs} envs, {config.episode_epochs} epochs, "
+        f"blueprints {config.blueprints or 'the host default'}, widen_init {config.widen_init}, "
         f"host optim {config.optim}, threads {torch.get_num_threads()}",
         flush=True,
     )
