@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from esper.contracts.evaluation import TUNING_SEEDS, seed_range
-from esper.kasmina import OptimConfig
+from esper.kasmina import LifecycleConfig, OptimConfig
 from esper.simic.comparison import Evaluation, compare
 from esper.simic.env_config import EnvConfig
 from esper.simic.module import PPOModule
@@ -69,6 +69,7 @@ def main() -> None:
     parser.add_argument("--host-kwargs", default=None, help="JSON; default: PPOModule's")
     parser.add_argument("--n-envs", type=int, default=None, help="default: PPOModule's")
     parser.add_argument("--host-optim", default=None, help="JSON of OptimConfig fields")
+    parser.add_argument("--lifecycle", default=None, help="JSON of LifecycleConfig fields")
     parser.add_argument(
         "--blueprints", default=None, help="comma-separated; default: the host's own list"
     )
@@ -89,6 +90,7 @@ def main() -> None:
         "n_envs": args.n_envs,
         "episode_epochs": args.episode_epochs,
         "optim": OptimConfig(**json.loads(args.host_optim)) if args.host_optim else None,
+        "lifecycle": LifecycleConfig(**json.loads(args.lifecycle)) if args.lifecycle else None,
         "blueprints": tuple(args.blueprints.split(",")) if args.blueprints else None,
         "widen_init": args.widen_init,
     }
@@ -105,7 +107,7 @@ def main() -> None:
         f"({seed_range(args.seed)} range), data {args.data}, host {config.host} "
         f"{dict(config.host_kwargs)}, {config.n_envs} envs, {config.episode_epochs} epochs, "
         f"blueprints {config.blueprints or 'the host default'}, widen_init {config.widen_init}, "
-        f"host optim {config.optim}, threads {torch.get_num_threads()}",
+        f"host optim {config.optim}, {config.lifecycle}, threads {torch.get_num_threads()}",
         flush=True,
     )
     evaluation = compare(
