@@ -40,7 +40,7 @@ class EnvConfig:
     host: str = "cnn"
     host_kwargs: Mapping[str, Any] = field(default_factory=dict)
     #: Blueprints the policy may plant; None means the host's ``default_blueprints`` (the
-    #: conv family on the CNN host), or every registered one that fits a slot.
+    #: widening on the CNN host), or every registered one that fits a slot.
     blueprints: tuple[str, ...] | None = None
     reward: str = "shaped"
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)

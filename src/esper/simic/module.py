@@ -109,7 +109,7 @@ class PPOModule(LightningModule):
         host_kwargs: extra constructor arguments for the host; None takes
             :data:`DEFAULT_HOST_KWARGS` for that host (a small CNN that growth can add to).
         blueprints: the blueprints the policy may plant; default the host's own list (the
-            conv family on ``cnn``), else every registered one that fits a slot.
+            ``widen`` on ``cnn``), else every registered one that fits a slot.
         widen_init: how a widening seed's new units start: ``random`` (a germination's
             draw) or ``gradient`` (the candidates the loss most needs; kasmina/widen_init.py).
         reward: registered reward family (``shaped``, ``sparse`` or a plugin).
