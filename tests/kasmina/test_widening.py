@@ -382,3 +382,14 @@ def test_the_gradient_start_without_a_trained_batch_keeps_the_draw() -> None:
         assert torch.equal(p, q)
     with pytest.raises(ValueError, match="widen_init must be one of"):
         GrowingHost(_cnn(), widen_init="gradmax")
+
+
+def test_a_blending_widening_counts_as_the_merged_network_its_static_control_builds() -> None:
+    model = _cnn()
+    env = GrowingHost(model)
+    env.germinate("stage1", "widen", BlendMode.LINEAR)
+    _to(env, "stage1", SeedStage.BLENDING)
+    static = _cnn()
+    build_architecture(static, final_architecture(model))
+    assert final_param_count(model) == count_parameters(static) > count_parameters(model)
+    assert model.slot("stage1").stage is SeedStage.BLENDING  # counting changed nothing

@@ -24,15 +24,13 @@ def _metrics(env) -> np.ndarray:  # type: ignore[no-untyped-def]
 
 def test_germinate_plants_the_chosen_blueprint_with_the_chosen_blend() -> None:
     env = _ready()
-    bp = env.blueprint_names.index("conv_heavy")
+    bp = env.blueprint_names.index("widen")
     blend = list(env.blend_modes).index(BlendMode.COSINE)
     actions = np.array([[LifecycleOp.GERMINATE, 1, bp, blend], [LifecycleOp.WAIT, 0, 0, 0]])
     outcome = env.apply(actions, _metrics(env))
     slot = env.hosts[0].model.slot(env.slot_ids[1])
     assert slot.stage is SeedStage.GERMINATED
-    assert (
-        slot.lifecycle.blueprint == "conv_heavy" and slot.lifecycle.blend_mode is BlendMode.COSINE
-    )
+    assert slot.lifecycle.blueprint == "widen" and slot.lifecycle.blend_mode is BlendMode.COSINE
     assert outcome.germinated.tolist() == [True, False]
     assert outcome.applied.tolist() == [True, False]
     assert env.seed_params()[0] > 0 and env.seed_params()[1] == 0
@@ -204,13 +202,13 @@ def test_unpaired_envs_draw_their_own_hosts() -> None:
     assert not all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
 
 
-def test_a_cnn_run_offers_the_conv_family_unless_the_config_names_blueprints() -> None:
+def test_a_cnn_run_offers_widen_unless_the_config_names_blueprints() -> None:
     from esper.kasmina import BLUEPRINTS
     from esper.kasmina.hosts.cnn import CNNHost
     from esper.simic.env_config import blueprint_names
 
     host = CNNHost((1, 8, 8), 10, channels=(2, 4, 8))
-    assert blueprint_names(EnvConfig(), host) == ("conv_light", "conv_heavy", "conv_wide")
+    assert blueprint_names(EnvConfig(), host) == ("widen",)
     named = EnvConfig(blueprints=("norm", "conv_wide"))
     assert blueprint_names(named, host) == ("norm", "conv_wide")
 
@@ -220,7 +218,7 @@ def test_a_cnn_run_offers_the_conv_family_unless_the_config_names_blueprints() -
     every = blueprint_names(EnvConfig(), EveryBlueprint((1, 8, 8), 10, channels=(2, 4, 8)))
     shapes = [host.slot(s).shape for s in host.slot_ids]
     fitting = [n for n in BLUEPRINTS.names() if any(BLUEPRINTS.get(n).fits(s) for s in shapes)]
-    assert every == tuple(fitting) and {"norm", "mlp", "conv_wide"} <= set(every)
+    assert every == tuple(fitting) and {"norm", "mlp", "conv_wide", "widen"} <= set(every)
 
 
 def test_paired_groups_start_from_their_own_hosts_and_train_on_their_own_share() -> None:

@@ -23,7 +23,9 @@ from esper.tamiyo.policy import BLUEPRINT, OP, SLOT
 from tests.simic.envs import small_env
 from tests.tamiyo.factories import random_masks
 
-DEFAULT = LifecycleConfig()
+#: The lifecycle of 2 training, 3 blending and 1 holding epochs (the defaults before
+#: widening seeds): the schedule's arithmetic is pinned on it.
+LONG = LifecycleConfig(min_training_epochs=2, blend_epochs=3, min_holding_epochs=1)
 #: Every stage at its shortest: the clock still spends one epoch in each.
 SHORTEST = LifecycleConfig(
     min_training_epochs=0, blend_epochs=1, min_holding_epochs=0, min_contribution=-1.0
@@ -38,9 +40,15 @@ N_RANDOM_ENVS = 2000
 
 
 # ------------------------------------------------------------------ schedule
-def test_the_default_schedule_plants_after_epochs_1_7_and_13() -> None:
-    assert epochs_to_fossilize(DEFAULT) == 7
-    assert periodic_schedule(EPISODE, 3, DEFAULT) == (1, 7, 13)
+def test_a_2_3_1_lifecycle_plants_after_epochs_1_7_and_13() -> None:
+    assert epochs_to_fossilize(LONG) == 7
+    assert periodic_schedule(EPISODE, 3, LONG) == (1, 7, 13)
+
+
+def test_the_default_schedule_plants_after_epochs_1_8_and_15() -> None:
+    # 1 + 1 + 1 + 1 epochs to fossilize: window 1..20, shares of 20/3 from 1, 7.67, 14.33.
+    assert epochs_to_fossilize(LifecycleConfig()) == 4
+    assert periodic_schedule(EPISODE, 3, LifecycleConfig()) == (1, 8, 15)
 
 
 def test_a_stage_whose_minimum_is_zero_still_takes_an_epoch() -> None:
@@ -52,16 +60,16 @@ def test_a_stage_whose_minimum_is_zero_still_takes_an_epoch() -> None:
 @pytest.mark.parametrize(
     ("episode_epochs", "n_slots", "lifecycle"),
     [
-        (EPISODE, 1, DEFAULT),
-        (EPISODE, 2, DEFAULT),
-        (EPISODE, 4, DEFAULT),
-        (30, 3, DEFAULT),
-        (50, 5, DEFAULT),
-        (9, 1, DEFAULT),
-        (10, 2, DEFAULT),
+        (EPISODE, 1, LONG),
+        (EPISODE, 2, LONG),
+        (EPISODE, 4, LONG),
+        (30, 3, LONG),
+        (50, 5, LONG),
+        (9, 1, LONG),
+        (10, 2, LONG),
         (12, 3, SHORTEST),
         (40, 3, LifecycleConfig(4, 2, 3)),
-        (100, 7, DEFAULT),
+        (100, 7, LONG),
     ],
 )
 def test_schedules_are_evenly_spaced_and_every_seed_can_fossilize_in_time(
@@ -85,13 +93,13 @@ def test_schedules_are_evenly_spaced_and_every_seed_can_fossilize_in_time(
 def test_an_episode_too_short_for_a_seed_to_fossilize_plants_once_at_the_first_decision(
     episode_epochs: int,
 ) -> None:
-    assert periodic_schedule(episode_epochs, 3, DEFAULT) == (1,)
-    assert periodic_schedule(9, 1, DEFAULT) == (1,)  # the shortest in which one can
+    assert periodic_schedule(episode_epochs, 3, LONG) == (1,)
+    assert periodic_schedule(9, 1, LONG) == (1,)  # the shortest in which one can
 
 
 def test_a_window_shorter_than_the_slots_plants_once_per_epoch_of_it() -> None:
-    assert periodic_schedule(10, 3, DEFAULT) == (1, 2)
-    assert periodic_schedule(11, 3, DEFAULT) == (1, 2, 3)
+    assert periodic_schedule(10, 3, LONG) == (1, 2)
+    assert periodic_schedule(11, 3, LONG) == (1, 2, 3)
 
 
 @pytest.mark.parametrize(("episode_epochs", "n_slots"), [(0, 3), (25, 0), (25.0, 3), (25, True)])
@@ -99,12 +107,12 @@ def test_bad_lengths_and_slot_counts_raise_naming_them(
     episode_epochs: object, n_slots: object
 ) -> None:
     with pytest.raises(ConfigError, match=r"^(episode_epochs|n_slots): must be an int"):
-        periodic_schedule(episode_epochs, n_slots, DEFAULT)  # type: ignore[arg-type]
+        periodic_schedule(episode_epochs, n_slots, LONG)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------ configuration
 def test_the_config_is_the_scripted_grower_s_preference_on_a_schedule() -> None:
-    config = periodic_config(SCHEMA, EPISODE, DEFAULT)
+    config = periodic_config(SCHEMA, EPISODE, LONG)
     assert config.blueprint_preference == ("conv_wide", "conv_heavy")  # mlp is not offered
     assert config.blend_mode == SCRIPTED_GROWTH.blend_mode
     assert config.germinate_at == (1 / 25, 7 / 25, 13 / 25)
@@ -171,12 +179,12 @@ def decide(
 
 
 def controller(episode_epochs: int = EPISODE) -> HeuristicController:
-    return periodic_controller(LAYOUT, SCHEMA, episode_epochs, DEFAULT)
+    return periodic_controller(LAYOUT, SCHEMA, episode_epochs, LONG)
 
 
 @pytest.mark.parametrize("episode_epochs", [EPISODE, 30, 41])
 def test_it_germinates_at_the_scheduled_epochs_and_no_others(episode_epochs: int) -> None:
-    schedule = periodic_schedule(episode_epochs, LAYOUT.n_slots, DEFAULT)
+    schedule = periodic_schedule(episode_epochs, LAYOUT.n_slots, LONG)
     control = controller(episode_epochs)
     hidden = control.initial_state(1)
     planted = []

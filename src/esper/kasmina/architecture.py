@@ -15,12 +15,13 @@ the same network.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from esper.contracts import BlendMode
+from esper.contracts import BlendMode, SeedStage
 from esper.kasmina.hosts.base import HostModel
 from esper.kasmina.sizing import count_parameters
 from esper.kasmina.widening import reset_modules
@@ -53,7 +54,19 @@ def final_architecture(model: HostModel) -> Architecture:
 
 def final_param_count(model: HostModel) -> int:
     """Parameters of the network ``model`` computes now: the host and the seeds of its
-    :func:`final_architecture`; seeds that add nothing yet are left out."""
+    :func:`final_architecture`; seeds that add nothing yet are left out.
+
+    A widening seed still blending or holding counts as merged: the network it computes is
+    the plain wider one, whose parameters :func:`build_architecture` builds for
+    ``static_final`` (the blocks between old and new units that are zero while it lives
+    included), so a grower's row and its static control's count the same network.
+    """
+    live = [s.slot_id for s in model.iter_slots() if s.widens and s.blends_output]
+    if live:
+        model = copy.deepcopy(model)
+        for slot_id in live:
+            model.slot(slot_id).lifecycle.stage = SeedStage.FOSSILIZED  # a copy, counted only
+            model.merge_widening(slot_id)
     unused = sum(slot.seed_param_count() for slot in model.iter_slots() if not slot.blends_output)
     return count_parameters(model) - unused
 

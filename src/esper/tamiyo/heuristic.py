@@ -88,9 +88,8 @@ class HeuristicConfig:
     #: last epoch: the moment extra capacity is worth planting.
     plateau_delta: float = 0.005
     #: Germinate only while ``epoch_fraction`` is below this. With the default
-    #: lifecycle a seed needs about 7 epochs (germinate, 2 training, 3 blending,
-    #: 1 holding) to fossilize, about 0.3 of a 25-epoch episode; a later seed only
-    #: pays parameter rent.
+    #: lifecycle a seed needs about 4 epochs (germinate, 1 training, 1 blending,
+    #: 1 holding) to fossilize; a seed planted late has few epochs left to pay for itself.
     max_germinate_fraction: float = 0.7
     #: Blueprint names, most preferred first; the first legal one in this order is
     #: planted, else the first legal blueprint in the schema's order.

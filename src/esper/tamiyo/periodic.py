@@ -50,7 +50,7 @@ def epochs_to_fossilize(lifecycle: LifecycleConfig) -> int:
     (``min_training_epochs``), BLENDING (``blend_epochs``) and HOLDING
     (``min_holding_epochs``), each at least one epoch since the clock moves a seed one
     stage per decision; the decision after the last of them may ADVANCE it to
-    FOSSILIZED. With the default lifecycle (2/3/1): 1 + 2 + 3 + 1 = 7.
+    FOSSILIZED. With the default lifecycle (1/1/1): 1 + 1 + 1 + 1 = 4.
     """
     return (
         GERMINATED_EPOCHS
@@ -74,10 +74,10 @@ def periodic_schedule(
     spread as whole epochs allow, the first at the first decision, and the later ones
     leave their seeds the rest of their share to retry a refused fossilize.
 
-    With the defaults (25 epochs, 3 slots, lifecycle 2/3/1): a seed needs 7 epochs, the
-    window is epochs 1..17 (17 epochs), each share 17/3 = 5.67 epochs, starting at 1,
-    6.67 and 12.33: plant after epochs (1, 7, 13), fossilizable after 8, 14 and 20, the
-    last with four decisions (21 to 24) to spare.
+    With the defaults (25 epochs, 3 slots, lifecycle 1/1/1): a seed needs 4 epochs, the
+    window is epochs 1..20 (20 epochs), each share 20/3 = 6.67 epochs, starting at 1,
+    7.67 and 14.33: plant after epochs (1, 8, 15), fossilizable after 5, 12 and 19, the
+    last with five decisions (20 to 24) to spare. (A 2/3/1 lifecycle gives (1, 7, 13).)
 
     A shorter episode gets fewer plantings: one per epoch of the window, and where no
     seed could fossilize at all, one at the first decision, which blends in as far as
