@@ -393,3 +393,30 @@ def test_a_blending_widening_counts_as_the_merged_network_its_static_control_bui
     build_architecture(static, final_architecture(model))
     assert final_param_count(model) == count_parameters(static) > count_parameters(model)
     assert model.slot("stage1").stage is SeedStage.BLENDING  # counting changed nothing
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("host", sorted(HOSTS))
+def test_a_widening_grows_merges_and_matches_on_cuda(host: str) -> None:
+    model = HOSTS[host]().to("cuda")
+    env = GrowingHost(model, OptimConfig(host_lr=0.05, seed_lr=0.1), widen_init="gradient")
+    x, y = (t.to("cuda") for t in make_batch(model, n=8, seed=3))
+    train_step(env, x, y)
+    env.step()
+    before = _eval(model, x)
+    slot_id = model.slot_ids[0]
+    seed = env.germinate(slot_id, "widen", BlendMode.GATED)
+    assert all(p.device.type == "cuda" for p in seed.parameters())
+    _to(env, slot_id, SeedStage.HOLDING)
+    torch.testing.assert_close(_eval(model, x), before, atol=1e-5, rtol=0)
+    for k in range(3):
+        train_step(env, *(t.to("cuda") for t in make_batch(model, n=8, seed=40 + k)))
+        env.step()
+    blended = _eval(model, x)
+    env.advance(slot_id, POSITIVE)
+    assert model.slot(slot_id).merged
+    torch.testing.assert_close(_eval(model, x), blended, atol=1e-4, rtol=0)
+    train_step(env, x, y)
+    env.step()
+    assert all(p.device.type == "cuda" for p in model.parameters())

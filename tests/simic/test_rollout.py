@@ -127,7 +127,22 @@ def test_the_policy_acts_and_bootstraps_at_its_own_thread_count() -> None:
     assert seen == [("act", 1)] * (EPISODE_EPOCHS - 1) + [("value", 1)]
 
 
-def test_a_rollout_that_widens_and_merges_still_reads_the_device_once_per_host_epoch() -> None:
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+            ],
+        ),
+    ],
+)
+def test_a_rollout_that_widens_and_merges_still_reads_the_device_once_per_host_epoch(
+    device: str,
+) -> None:
     """Widening seeds (their gradient-chosen start, blending through new channels and the
     merge at fossilize) add no read: every env trains in the main thread here, where the
     counter sees every read."""
@@ -135,16 +150,27 @@ def test_a_rollout_that_widens_and_merges_still_reads_the_device_once_per_host_e
 
     from esper.kasmina import LifecycleConfig
     from esper.simic.buffer import RolloutBuffer
+    from esper.simic.env import MorphogeneticVecEnv
+    from esper.simic.env_config import EnvConfig
     from esper.simic.episodes import RawObservations
     from esper.simic.rollout import RolloutCollector
     from esper.tamiyo.heuristic import SCRIPTED_GROWTH, HeuristicController
-    from tests.simic.envs import GAMMA, LAMBDA
+    from tests.simic.envs import GAMMA, LAMBDA, small_data
 
     epochs = 7
-    fast = LifecycleConfig(min_training_epochs=1, blend_epochs=1, min_holding_epochs=0)
-    env = small_env(
-        2, epochs, blueprints=("widen",), widen_init="gradient", lifecycle=fast, cpu_workers=1
+    fast = LifecycleConfig(
+        min_training_epochs=1, blend_epochs=1, min_holding_epochs=0, min_contribution=-1.0
     )
+    config = EnvConfig(
+        n_envs=2,
+        episode_epochs=epochs,
+        host_kwargs={"channels": [4, 8]},
+        blueprints=("widen",),
+        widen_init="gradient",
+        lifecycle=fast,
+        cpu_workers=1,
+    )
+    env = MorphogeneticVecEnv(config, small_data(), device)
     config = dataclasses.replace(
         SCRIPTED_GROWTH, blueprint_preference=("widen",), max_germinate_fraction=0.5
     )
@@ -154,8 +180,10 @@ def test_a_rollout_that_widens_and_merges_still_reads_the_device_once_per_host_e
     )
     col = RolloutCollector(env, controller, RawObservations(), buffer, GAMMA, LAMBDA)
     torch.manual_seed(0)
+    if device == "cuda":
+        col.collect(0)  # warm-up: lazy CUDA init makes reads of its own
     with HostReadCounter() as counter:
-        _, summary = col.collect(0)
+        _, summary = col.collect(1)
     assert counter.count == summary.packed_transfers == epochs, counter.report()
     assert summary.seeds_fossilized.sum() > 0
     assert any(slot.merged for host in env.hosts for slot in host.model.iter_slots())
