@@ -174,7 +174,7 @@ def test_a_rollout_that_widens_and_merges_still_reads_the_device_once_per_host_e
     config = dataclasses.replace(
         SCRIPTED_GROWTH, blueprint_preference=("widen",), max_germinate_fraction=0.5
     )
-    controller = HeuristicController(env.layout, env.schema, config)
+    controller = HeuristicController(env.layout, env.schema, config).to(env.device)
     buffer = RolloutBuffer(
         env.n_envs, env.decisions_per_episode, env.layout.dim, env.schema, (1, 1), env.device
     )
