@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="write evaluation.csv/json here")
     args = parser.parse_args()
 
-    defaults = PPOModule().env_config  # the run `esper fit` would make
+    defaults = PPOModule(host=args.host or "cnn").env_config  # what `esper fit` would make
     overrides = {
         "host": args.host,
         "host_kwargs": json.loads(args.host_kwargs) if args.host_kwargs else None,
