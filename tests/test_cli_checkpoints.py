@@ -56,6 +56,26 @@ def esper(*args: str, cwd: Path, plugin: bool = False) -> subprocess.CompletedPr
     )
 
 
+def esper_here(
+    *args: str, cwd: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> subprocess.CompletedProcess[str]:
+    """``esper ARGS`` in this process, its console output read at the file descriptors
+    (Lightning's log handlers too), for commands refused before any training: the same
+    check as :func:`esper` without a fresh interpreter's start (about 4 s each here)."""
+    from esper.cli import main
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(sys, "argv", ["esper", *args])
+    capfd.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["esper", *args], code, out + err)
+
+
 def lines(result: subprocess.CompletedProcess[str]) -> list[str]:
     return [line for line in result.stdout.splitlines() if line.strip()]
 
@@ -204,7 +224,12 @@ def _command(kind: str, path: Path, cwd: Path) -> list[str]:
 @pytest.mark.parametrize("kind", ["fit", "evaluate"])
 @pytest.mark.parametrize("case", sorted(BAD_FILES))
 def test_a_bad_checkpoint_file_is_one_line_naming_it(
-    trained: Path, tmp_path: Path, kind: str, case: str
+    trained: Path,
+    tmp_path: Path,
+    kind: str,
+    case: str,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     make, says = BAD_FILES[case]
     path = tmp_path / f"{case}.ckpt"
@@ -213,7 +238,7 @@ def test_a_bad_checkpoint_file_is_one_line_naming_it(
     command = _command(kind, path, tmp_path)
     before = set(tmp_path.rglob("*"))
 
-    result = esper(*command, cwd=tmp_path)
+    result = esper_here(*command, cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch)
 
     _assert_one_line_naming(result, path, says, before, tmp_path)
     assert path.read_bytes() == content, "the checkpoint was modified"
@@ -221,11 +246,16 @@ def test_a_bad_checkpoint_file_is_one_line_naming_it(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fit", "evaluate"])
-def test_a_missing_checkpoint_is_one_line_naming_it(tmp_path: Path, kind: str) -> None:
+def test_a_missing_checkpoint_is_one_line_naming_it(
+    tmp_path: Path,
+    kind: str,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     path = tmp_path / "gone" / "last.ckpt"
     command = _command(kind, path, tmp_path)
     before = set(tmp_path.rglob("*"))
-    result = esper(*command, cwd=tmp_path)
+    result = esper_here(*command, cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch)
     _assert_one_line_naming(result, path, "does not exist", before, tmp_path)
 
 
