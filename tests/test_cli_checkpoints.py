@@ -261,14 +261,17 @@ def test_a_missing_checkpoint_is_one_line_naming_it(
 
 @pytest.mark.parametrize("kind", ["fit", "evaluate"])
 def test_last_with_no_run_to_resume_is_one_line_saying_where_it_looked(
-    tmp_path: Path, kind: str
+    tmp_path: Path,
+    kind: str,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     if kind == "fit":
         command = ["fit", "--trainer.default_root_dir", str(tmp_path), "--ckpt_path", "last"]
     else:
         command = ["evaluate", "--ckpt", "last"]
     before = set(tmp_path.rglob("*"))
-    result = esper(*command, cwd=tmp_path)
+    result = esper_here(*command, cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch)
     shown = lines(result)
     assert result.returncode == 2 and len(shown) == 1, result.stdout
     assert "no run under" in shown[0] and "last.ckpt" in shown[0], shown[0]
@@ -331,16 +334,23 @@ def test_a_checkpoint_from_another_action_space_is_one_line_naming_it(
     ids=["cifar_root", "text_path"],
 )
 def test_a_missing_data_path_is_one_line_naming_it(
-    tmp_path: Path, args: list[str], named: str, says: str
+    tmp_path: Path,
+    args: list[str],
+    named: str,
+    says: str,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     missing = str(tmp_path / "nowhere")
     before = set(tmp_path.rglob("*"))
-    result = esper(
+    result = esper_here(
         "fit",
         *(a.format(missing=missing) for a in args),
         "--trainer.default_root_dir",
         str(tmp_path),
         cwd=tmp_path,
+        capfd=capfd,
+        monkeypatch=monkeypatch,
     )
     shown = lines(result)
     assert result.returncode != 0 and len(shown) == 1, result.stdout
