@@ -158,15 +158,15 @@ class SeedSlot(nn.Module):
         self.gate = None
         self._hold(module, self.lifecycle.blend_mode)
 
-    def absorb(self) -> None:
-        """Let go of a widening seed the host has merged into its layers
-        (:meth:`esper.kasmina.hosts.base.HostModel.merge_widening`)."""
+    def absorb(self, merged_params: int) -> None:
+        """Let go of a widening seed the host has merged into its layers, adding
+        ``merged_params`` to them (:meth:`esper.kasmina.hosts.base.HostModel.merge_widening`)."""
         if not self.widens or self.stage is not SeedStage.FOSSILIZED:
             raise ValueError(
                 f"slot {self.slot_id} can absorb only a fossilized widening seed; it holds "
                 f"{type(self.seed).__name__} in {self.stage.name}"
             )
-        self.merged_params = self.seed_param_count()
+        self.merged_params = merged_params
         self.seed = None
         self.gate = None
 

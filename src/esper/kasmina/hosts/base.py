@@ -124,8 +124,8 @@ class HostModel(nn.Module, ABC):
         host_before = sum(p.numel() for p in self.parameters()) - slot.seed_param_count()
         apply_merges(self.widening_merges(slot_id), optimizers)
         self.sync_widths()
-        slot.absorb()
-        slot.merged_params = sum(p.numel() for p in self.parameters()) - host_before
+        host_after = sum(p.numel() for p in self.parameters()) - slot.seed_param_count()
+        slot.absorb(host_after - host_before)
 
     def sync_widths(self) -> None:
         """Make each layer's width attributes (``in_features`` and the like) match its
