@@ -7,6 +7,7 @@ promised at the same per-op thread count.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -227,6 +228,27 @@ def test_a_step_error_stops_every_worker_and_is_raised() -> None:
 
     with pytest.raises(ValueError, match="env 2 failed"):
         run_env_steps(4, 2, range(100), lambda: None, step, lambda env, tail: env)
+    assert torch.get_num_threads() == 1
+
+
+def test_ctrl_c_while_waiting_for_the_workers_raises_only_once_every_worker_stopped() -> None:
+    # The interrupt lands on the calling thread while it joins the workers (SIGINT sent to
+    # that thread, as a terminal's Ctrl-C reaches it). Leaving with workers still inside
+    # their step is what ended `esper fit` in SIGABRT at interpreter shutdown.
+    main = threading.get_ident()
+    running: set[int] = set()
+
+    def step(env: int, b: int, item: object) -> None:
+        running.add(threading.get_ident())
+        if env == 0:
+            time.sleep(0.2)  # the calling thread has drawn the one batch and is joining
+            signal.pthread_kill(main, signal.SIGINT)
+        time.sleep(0.5)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_env_steps(2, 2, [0], lambda: None, step, lambda env, tail: env)
+    alive = [t for t in threading.enumerate() if t.ident in running and t.is_alive()]
+    assert len(running) == 2 and alive == [], alive
     assert torch.get_num_threads() == 1
 
 

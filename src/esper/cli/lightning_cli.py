@@ -8,6 +8,7 @@ the seed, the Trainer with the named callbacks, and the saved config.
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,6 +32,8 @@ from esper.cli.resume import check_resume_fits, read_resume, resumed_run_logger
 from esper.cli.summary import format_interrupt, format_summary
 from esper.help_format import EsperArgumentParser
 
+#: Exit status of a fit stopped by Ctrl-C: 128 + SIGINT, as a shell reports it.
+INTERRUPTED_STATUS = 128 + signal.SIGINT
 #: The logger Lightning's ``seed_everything`` reports on.
 SEED_LOGGER = "lightning.fabric.utilities.seed"
 
@@ -149,10 +152,12 @@ def fit(argv: Sequence[str] | None = None) -> int:
         print(f"esper fit: error: {one_line(error)}", file=sys.stderr)
         raise SystemExit(BAD_INPUT_STATUS) from None
     except SystemExit:
-        # Lightning answers Ctrl-C by tearing the run down and calling sys.exit(1).
+        # Lightning answers Ctrl-C by tearing the run down and calling sys.exit(1); the
+        # shell's convention for a run ended by SIGINT is 128 + 2.
         if started and started[0].trainer.interrupted:
             given = sys.argv[2:] if argv is None else list(argv)
             print(format_interrupt(started[0].trainer, started[0].model, given), file=sys.stderr)
+            raise SystemExit(INTERRUPTED_STATUS) from None
         raise
     print(format_summary(cli.model))
     return 0

@@ -39,7 +39,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -210,8 +210,26 @@ def run_env_steps(
             with cond:
                 plan.fail(exc)
         finally:
-            for thread in threads:
-                thread.join()
+            _join_all(threads, plan)
     if plan.error is not None:
         raise plan.error
     return plan.results  # type: ignore[return-value]
+
+
+def _join_all(threads: list[threading.Thread], plan: _Schedule[Any, Any, Any]) -> None:
+    """Wait for every worker, even through Ctrl-C.
+
+    A KeyboardInterrupt can land in the calling thread while it waits here. Leaving then
+    would let the process exit with workers still inside torch ops, and a daemon thread
+    ended at interpreter shutdown unwinds through C++ frames: ``terminate called without
+    an active exception`` and SIGABRT instead of a clean exit. So the interrupt stops the
+    schedule (each worker finishes the step it is in and takes no other) and the waiting
+    goes on; :func:`run_env_steps` raises it once every worker is done.
+    """
+    for thread in threads:
+        while thread.is_alive():
+            try:
+                thread.join()
+            except BaseException as exc:
+                with plan.cond:
+                    plan.fail(exc)
