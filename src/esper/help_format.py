@@ -8,11 +8,15 @@ jsonargparse builds option help and group titles from docstrings (ours and Light
 from __future__ import annotations
 
 import re
-from typing import Any
+import sys
+from typing import Any, NoReturn
 
 from jsonargparse import DefaultHelpFormatter
+from jsonargparse._common import debug_mode_active
 from lightning.pytorch.cli import LightningArgumentParser
 
+#: Exit status of a command refused for a bad option (argparse's, and Esper's own).
+BAD_INPUT_STATUS = 2
 #: ``:role:`target``` or ``:role:`~pkg.target```: Sphinx cross-references.
 _ROLE = re.compile(r":(?:py:)?[a-z]+:`~?(?:[\w.]*\.)?([^`<]+?)(?:\s*<[^>]*>)?`")
 #: ````literal````: Sphinx inline literals.
@@ -42,13 +46,32 @@ class PlainHelpFormatter(DefaultHelpFormatter):
 
 
 class EsperArgumentParser(LightningArgumentParser):
-    """Lightning's parser with :class:`PlainHelpFormatter` as its default.
+    """Lightning's parser with :class:`PlainHelpFormatter`, no abbreviated options and
+    one-line errors as its defaults.
 
-    A default rather than an argument, because jsonargparse builds the parser of a nested
-    ``--model.ppo.help`` as ``type(parser)(description=...)``: only the class carries the
-    formatter there.
+    Defaults rather than arguments, because jsonargparse builds the parser of a nested
+    ``--model.ppo.help`` (and LightningCLI each subcommand's) as ``type(parser)(...)``:
+    only the class carries them there. Abbreviations are refused because argparse would
+    take ``--model.n_env 4`` as ``--model.n_envs 4`` and run a whole fit on a typo's guess.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", PlainHelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        """``PROG: error: KEY: ...`` in one line (``esper.cli.parse_errors``) and exit
+        status 2, instead of the usage and a multi-line message. Where jsonargparse parses
+        to try (``exit_on_error`` off) or debugs, its own behaviour stands."""
+        if not self.exit_on_error or debug_mode_active():
+            super().error(message, ex)
+        from esper.cli.parse_errors import one_line
+        from esper.tolaria.data import DATAMODULES
+
+        parser = getattr(ex, "subcommand_parser", None) or self
+        options = [o for action in parser._actions for o in action.option_strings]
+        said = one_line(message, options, list(DATAMODULES.names()))
+        prog = parser.prog.replace(" [options]", "")
+        sys.stderr.write(f"{prog}: error: {said}\n")
+        self.exit(BAD_INPUT_STATUS)
