@@ -18,13 +18,14 @@ The exit status is 0 either way: this measures, it does not gate.
 
 Usage: ``python benchmarks/growth.py [--episodes 16] [--controllers scripted,no_growth]
 [--host-kwargs '{"channels": [4, 8, 16]}'] [--data digits] [--episode-epochs 25]
-[--blueprints widen] [--widen-init gradient] [--seed 0] [--out runs/growth]``
+[--blueprints widen] [--widen-init gradient] [--plant-from 4] [--seed 0] [--out runs/growth]``
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -32,10 +33,14 @@ import torch
 
 from esper.contracts.evaluation import TUNING_SEEDS, seed_range
 from esper.kasmina import LifecycleConfig, OptimConfig
-from esper.simic.comparison import Evaluation, compare
+from esper.simic.comparison import ControllerSpec, Evaluation, compare
+from esper.simic.env import MorphogeneticVecEnv
 from esper.simic.env_config import EnvConfig
 from esper.simic.module import PPOModule
 from esper.simic.ppo import PPOConfig
+from esper.tamiyo.baselines import STATE_SHAPE
+from esper.tamiyo.heuristic import HeuristicController
+from esper.tamiyo.periodic import periodic_config
 from esper.tolaria.data import DATAMODULES
 
 #: Epochs at the end of an episode over which a host should have settled.
@@ -59,6 +64,20 @@ def late_swings(evaluation: Evaluation, controller: str) -> np.ndarray:
     return np.abs(np.diff(late, axis=1)).max(axis=1)[:episodes]
 
 
+def planting_from(first: int, env: MorphogeneticVecEnv) -> HeuristicController:
+    """The periodic control planting after host epochs ``first``, ``first + 1``, ... (one
+    seed per slot, at consecutive decisions) and otherwise as ``periodic``: fossilize as
+    soon as the gates allow, never prune."""
+    epochs = env.config.episode_epochs
+    schedule = range(first, first + len(env.schema.slot_ids))
+    if schedule[-1] >= epochs:
+        raise SystemExit(f"--plant-from {first}: the last planting must be before epoch {epochs}")
+    config = periodic_config(env.schema, epochs, env.config.lifecycle)
+    at = tuple(epoch / epochs for epoch in schedule)
+    controller = HeuristicController(env.layout, env.schema, replace(config, germinate_at=at))
+    return controller.to(env.device)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=16)
@@ -78,6 +97,13 @@ def main() -> None:
     )
     parser.add_argument("--data-kwargs", default=None, help="JSON of data module arguments")
     parser.add_argument("--episode-epochs", type=int, default=None)
+    parser.add_argument(
+        "--plant-from",
+        type=int,
+        default=None,
+        help="periodic plants at the decisions after host epochs K, K+1, ... (one per "
+        "slot) instead of its even schedule: growth at a chosen time, for the frontier",
+    )
     parser.add_argument("--seed", type=int, default=TUNING_SEEDS.start)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=None, help="write evaluation.csv/json here")
@@ -110,6 +136,11 @@ def main() -> None:
         f"host optim {config.optim}, {config.lifecycle}, threads {torch.get_num_threads()}",
         flush=True,
     )
+    specs = {}
+    if args.plant_from is not None:
+        specs["periodic"] = ControllerSpec(
+            lambda env: (planting_from(args.plant_from, env), STATE_SHAPE)
+        )
     evaluation = compare(
         config,
         data,
@@ -120,6 +151,7 @@ def main() -> None:
         gae_lambda=GAE_LAMBDA,
         device=args.device,
         grower=args.grower,
+        specs=specs,
         on_controller_done=lambda r: print(f"  {r.controller:<13} {r.wall_s:6.1f} s", flush=True),
     )
     print(evaluation.table())
