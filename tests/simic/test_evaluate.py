@@ -12,6 +12,7 @@ import torch
 
 from esper.cli import main
 from esper.contracts.evaluation import DEFAULT_CONTROLLERS as CONTROLLERS
+from esper.report.tradeoff import TRADEOFF_FILE
 from esper.simic.env import MorphogeneticVecEnv
 from esper.simic.evaluate import evaluate, evaluation_config
 from esper.simic.statistics import paired_difference
@@ -58,6 +59,7 @@ def test_table_csv_and_json_agree_and_cover_every_default_controller(
     with (out / "evaluation.csv").open() as f:
         rows = {row["controller"]: row for row in csv.DictReader(f)}
     payload = json.loads((out / "evaluation.json").read_text())
+    assert (out / TRADEOFF_FILE).is_file()  # accuracy against compute, beside the table
     by_json = {row["controller"]: row for row in payload["rows"]}
     assert list(table) == list(rows) == list(by_json) == list(CONTROLLERS)
     groups = payload["episode_group"]

@@ -56,6 +56,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
     """Compare the learned policy with the other controllers; write the tables and pictures."""
     from esper.callbacks.checkpoint import find_last_checkpoint
     from esper.contracts.evaluation import seed_range
+    from esper.report.tradeoff import TRADEOFF_FILE, render_accuracy_vs_flops
     from esper.simic.comparison import check_controllers
     from esper.simic.evaluate import evaluate
 
@@ -114,8 +115,11 @@ def evaluate_command(args: argparse.Namespace) -> int:
         f"standard errors count each of the {len(set(result.groups))} episode group(s) once"
     )
     print(result.table())
-    for kind, path in result.write(out).items():
+    written = result.write(out)
+    for kind, path in written.items():
         print(f"  {kind:<4} {path}")
+    render_accuracy_vs_flops(written["json"], out / TRADEOFF_FILE)
+    print(f"  png  {out / TRADEOFF_FILE}")
     timelines = result.write_timelines(out / "timelines")
     print(f"  {len(timelines)} timeline pictures in {out / 'timelines'}")
     return 0
