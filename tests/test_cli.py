@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -360,3 +362,24 @@ def test_plugins_lists_every_registry(capsys: pytest.CaptureFixture[str]) -> Non
     for group in groups:  # every group the README lists
         assert f"esper.{group}" in out
     assert "conv_light" in out and "digits" in out and "sparse" in out
+    # One column for the sources, wide enough for the longest name (last_checkpoint).
+    starts = {line.index("esper (built-in)") for line in out.splitlines() if "(built-in)" in line}
+    assert len(starts) == 1, out
+
+
+@pytest.mark.parametrize("words", [["--help"], ["evaluate", "--help"], ["report", "--help"]])
+def test_help_outside_fit_starts_without_importing_lightning_or_torch(words: list[str]) -> None:
+    probe = (
+        "import sys\n"
+        "from esper.cli import main\n"
+        "try:\n"
+        f"    main({words!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(sorted(m for m in ('lightning', 'torch') if m in sys.modules))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True
+    )
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout

@@ -25,7 +25,6 @@ from pathlib import Path
 
 from esper import __version__
 from esper.cli.commands import DEFAULT_EVAL_EPISODES, evaluate_command, plugins, report_command
-from esper.cli.lightning_cli import fit
 from esper.cli.options import data_names_as_class_paths
 from esper.contracts.evaluation import (
     ALL_CONTROLLERS,
@@ -37,6 +36,14 @@ from esper.contracts.evaluation import (
 )
 
 __all__ = ["build_parser", "fit", "main"]
+
+
+def fit(argv: Sequence[str] | None = None) -> int:
+    """``esper fit`` (:func:`esper.cli.lightning_cli.fit`), imported when it runs: Lightning
+    takes about 3 s to import, which ``esper --help`` and the other commands need not pay."""
+    from esper.cli.lightning_cli import fit as run_fit
+
+    return run_fit(argv)
 
 
 def build_parser() -> argparse.ArgumentParser:

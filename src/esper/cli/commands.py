@@ -32,13 +32,14 @@ def plugins(_: argparse.Namespace) -> int:
         REWARDS,
         CALLBACKS,
     )
+    width = max((len(name) for r in registries for name in r.names()), default=0)
     for registry in registries:
         print(f"{registry.kind}s (entry-point group {registry.group}):")
         names = registry.names()
         if not names:
             print("  (none)")
         for name in names:
-            print(f"  {name:<14} {registry.entry(name).source}")
+            print(f"  {name:<{width}}  {registry.entry(name).source}")
     return 0
 
 
