@@ -245,6 +245,8 @@ def test_a_bad_checkpoint_file_is_one_line_naming_it(
 
     _assert_one_line_naming(result, path, says, before, tmp_path)
     assert path.read_bytes() == content, "the checkpoint was modified"
+    if kind == "evaluate":  # evaluate's words: it has --ckpt and resumes nothing
+        assert "--ckpt_path" not in result.stdout and "resume" not in result.stdout
 
 
 @pytest.mark.slow
@@ -260,6 +262,8 @@ def test_a_missing_checkpoint_is_one_line_naming_it(
     before = set(tmp_path.rglob("*"))
     result = esper_here(*command, cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch)
     _assert_one_line_naming(result, path, "does not exist", before, tmp_path)
+    flag = {"fit": "`--ckpt_path last`", "evaluate": "`--ckpt last`"}[kind]
+    assert flag in result.stdout, result.stdout
 
 
 @pytest.mark.parametrize("kind", ["fit", "evaluate"])
@@ -307,6 +311,7 @@ def test_a_checkpoint_from_another_action_space_is_one_line_naming_it(
 
     _assert_one_line_naming(result, path, "another action space", before, tmp_path)
     assert PLUGIN_BLUEPRINT in lines(result)[0]
+    assert ("--ckpt_path" in lines(result)[0]) == (kind == "fit"), lines(result)[0]
 
 
 # ------------------------------------------------------------------ bad data paths

@@ -35,8 +35,51 @@ DEFAULT_MONITOR = "train/episode_return"
 CHECKPOINT_DIR = "checkpoints"
 
 
+#: What to do about an unusable checkpoint, in the words of the command that read it:
+#: ``esper fit`` resumes from a file (``--ckpt_path``), ``esper evaluate`` reads one
+#: (``--ckpt``). The key is a :class:`CheckpointError`'s ``advice``.
+ADVICE: dict[str, dict[str, str]] = {
+    "missing": {
+        "fit": "pass an existing .ckpt file or `--ckpt_path last` to resume from the newest "
+        "last.ckpt",
+        "evaluate": "pass an existing .ckpt file or `--ckpt last` for the newest run's last.ckpt",
+    },
+    "another_file": {
+        "fit": "resume from another file (best-*.ckpt beside it, or an earlier copy) or start "
+        "afresh without --ckpt_path",
+        "evaluate": "evaluate another file (best-*.ckpt beside it, or an earlier copy)",
+    },
+    "action_space": {
+        "fit": "resume with the same host, data and blueprints (--model.blueprints lists "
+        "them), or start afresh without --ckpt_path",
+        "evaluate": "evaluate it where the blueprints it was trained with are registered "
+        "(the same plugins installed; `esper plugins` lists them)",
+    },
+}
+#: The command whose words a :class:`CheckpointError` uses unless told another.
+DEFAULT_COMMAND = "fit"
+
+
 class CheckpointError(RuntimeError):
-    """A checkpoint file is unreadable or belongs to a different run setup."""
+    """A checkpoint file is unreadable or belongs to a different run setup.
+
+    ``reason`` says what is wrong with the file; ``advice`` (a key of :data:`ADVICE`, or
+    None) what to do, which depends on the command: ``str()`` gives ``esper fit``'s words,
+    :meth:`for_command` another command's.
+    """
+
+    def __init__(self, reason: str, advice: str | None = None) -> None:
+        if advice is not None and advice not in ADVICE:
+            raise ValueError(f"advice must be one of {list(ADVICE)} or None, got {advice!r}")
+        self.reason = reason
+        self.advice = advice
+        super().__init__(self.for_command(DEFAULT_COMMAND))
+
+    def for_command(self, command: str) -> str:
+        """The message with the advice ``esper COMMAND`` gives."""
+        if self.advice is None:
+            return self.reason
+        return f"{self.reason}; {ADVICE[self.advice][command]}"
 
 
 class EsperCheckpointIO(TorchCheckpointIO):
@@ -76,11 +119,6 @@ class EsperCheckpointIO(TorchCheckpointIO):
         return read_checkpoint(path, map_location=map_location)
 
 
-#: Where a checkpoint that cannot be used leaves the user: the same advice for every case.
-_RESUME_ADVICE = (
-    "resume from another file (best-*.ckpt beside it, or an earlier copy) "
-    "or start afresh without --ckpt_path"
-)
 #: The class torch's safe loader refused, in its "Unsupported global" message.
 _UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
 
@@ -95,34 +133,33 @@ def read_checkpoint(path: str | os.PathLike[str], map_location: Any = None) -> d
     """
     file = Path(path)
     if not file.exists():
-        raise CheckpointError(
-            f"checkpoint {file} does not exist; pass an existing .ckpt file or "
-            "`--ckpt_path last` to resume from the newest last.ckpt"
-        )
+        raise CheckpointError(f"checkpoint {file} does not exist", "missing")
     if file.is_dir():
         raise CheckpointError(
             f"checkpoint {file} is a folder; pass a .ckpt file in it (e.g. {file / 'last.ckpt'})"
         )
     if file.stat().st_size == 0:
-        raise CheckpointError(f"checkpoint {file} is empty (0 bytes); {_RESUME_ADVICE}")
+        raise CheckpointError(f"checkpoint {file} is empty (0 bytes)", "another_file")
     try:
         checkpoint = torch.load(file, map_location=map_location or "cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         refused = _UNSUPPORTED_GLOBAL.search(str(exc))
         if refused is None:
             raise CheckpointError(
-                f"checkpoint {file} is not a checkpoint, or is damaged "
-                f"({_first_line(exc)}); {_RESUME_ADVICE}"
+                f"checkpoint {file} is not a checkpoint, or is damaged ({_first_line(exc)})",
+                "another_file",
             ) from exc
         raise CheckpointError(
             f"checkpoint {file} holds a {refused.group(1)} object, which a safe load refuses "
             "because unpickling it could run code; it was not written by this version of "
-            f"esper fit. {_RESUME_ADVICE[0].upper()}{_RESUME_ADVICE[1:]}"
+            "esper fit",
+            "another_file",
         ) from exc
     except Exception as exc:
         raise CheckpointError(
             f"checkpoint {file} could not be read ({type(exc).__name__}: {_first_line(exc)}); "
-            f"it is truncated or not a checkpoint: {_RESUME_ADVICE}"
+            "it is truncated or not a checkpoint",
+            "another_file",
         ) from exc
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise CheckpointError(

@@ -63,9 +63,13 @@ def input_error(exc: BaseException) -> BaseException | None:
     )
 
 
-def one_line(error: BaseException) -> str:
-    """``error``'s text on one line, whatever line breaks its source wrote."""
-    return " ".join(str(error).split())
+def one_line(error: BaseException, command: str = "fit") -> str:
+    """``error``'s text on one line, whatever line breaks its source wrote; a checkpoint's
+    error gives the advice of ``esper COMMAND`` (its flags and words)."""
+    from esper.callbacks.checkpoint import CheckpointError
+
+    text = error.for_command(command) if isinstance(error, CheckpointError) else str(error)
+    return " ".join(text.split())
 
 
 class RunFolderGuard:

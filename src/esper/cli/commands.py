@@ -104,7 +104,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
         error = input_error(exc)
         if error is None:
             raise
-        print(f"esper evaluate: error: {one_line(error)}", file=sys.stderr)
+        print(f"esper evaluate: error: {one_line(error, 'evaluate')}", file=sys.stderr)
         return BAD_INPUT_STATUS
     policy = "sampled" if args.sample else "most likely action per head"
     print(

@@ -99,9 +99,8 @@ def check_same_action_space(trained: ActionSchema, run: ActionSchema, where: obj
             f"(this run: {[m.name for m in run.blend_modes]})"
         )
     raise CheckpointError(
-        f"checkpoint {where} was trained with another action space: {'; '.join(diffs)}; "
-        "resume with the same host, data and blueprints (--model.blueprints lists them), "
-        "or start afresh without --ckpt_path"
+        f"checkpoint {where} was trained with another action space: {'; '.join(diffs)}",
+        "action_space",
     )
 
 
