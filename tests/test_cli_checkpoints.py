@@ -291,8 +291,14 @@ def test_resuming_last_continues_the_newest_run_folder(trained: Path, tmp_path: 
     shutil.copytree(trained.parents[2], root)  # a finished 1-update run, version_0
     resumed = fit(root, "--ckpt_path", "last", max_epochs=2)
     assert "esper fit: 2 PPO update(s)" in resumed.stdout
+    assert "exists and is not empty" not in resumed.stdout  # resuming there is the point
     assert [p.name for p in (root / "lightning_logs").iterdir()] == ["version_0"]
     run = root / RUN0
+    # The end of the run says where it went and how to evaluate it.
+    assert f"run folder: {run}" in resumed.stdout
+    evaluate = f"esper evaluate --ckpt {run / 'checkpoints' / 'last.ckpt'}"
+    assert f"last checkpoint: {run / 'checkpoints' / 'last.ckpt'}" in resumed.stdout
+    assert evaluate in resumed.stdout, resumed.stdout
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["epoch"] == 1
     assert len(list(run.glob("events.out.tfevents.*"))) == 2, "one TensorBoard run, two files"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,11 +30,13 @@ from esper.cli.options import (
     with_checkpoint_io,
 )
 from esper.cli.resume import check_resume_fits, read_resume, resumed_run_logger
-from esper.cli.summary import format_interrupt, format_summary
+from esper.cli.summary import format_interrupt, format_summary, format_where
 from esper.help_format import EsperArgumentParser
 
 #: Exit status of a fit stopped by Ctrl-C: 128 + SIGINT, as a shell reports it.
 INTERRUPTED_STATUS = 128 + signal.SIGINT
+#: Lightning's warning when a checkpoint folder holds files (a resumed run's always does).
+RESUME_FOLDER_WARNING = r"Checkpoint directory .* exists and is not empty"
 #: The logger Lightning's ``seed_everything`` reports on.
 SEED_LOGGER = "lightning.fabric.utilities.seed"
 
@@ -105,6 +108,10 @@ def fit(argv: Sequence[str] | None = None) -> int:
                     f"names unknown callbacks {unknown}; allowed: {list(CALLBACKS.names())}",
                 )
             check_resume_fits(self._resume_from, self.model, self.datamodule)
+            if self._resume_from is not None:
+                # Resuming writes into the checkpoint's own folder: that it holds files is
+                # the point, not something to warn about.
+                warnings.filterwarnings("ignore", message=RESUME_FOLDER_WARNING)
             logger = resumed_run_logger(self._resume_from, config)
             if logger is not None:
                 config["logger"] = logger
@@ -160,4 +167,5 @@ def fit(argv: Sequence[str] | None = None) -> int:
             raise SystemExit(INTERRUPTED_STATUS) from None
         raise
     print(format_summary(cli.model))
+    print(format_where(cli.trainer))
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -29,6 +30,22 @@ def format_summary(module: object) -> str:
             f"  ppo                policy loss {metrics['ppo/policy_loss']:+.4f}, "
             f"value loss {metrics['ppo/value_loss']:.4f}, entropy {metrics['ppo/entropy']:.3f}"
         )
+    return "\n".join(lines)
+
+
+def format_where(trainer: Any) -> str:
+    """Where a finished ``esper fit`` left its results, and the command that evaluates them."""
+    from esper.callbacks.checkpoint import newest_checkpoint
+
+    run_dir = Path(trainer.log_dir or trainer.default_root_dir).absolute()
+    lines = [f"run folder: {run_dir} (tensorboard --logdir {run_dir.parent})"]
+    saved = newest_checkpoint(trainer)
+    if saved is not None and saved.is_file():
+        lines += [
+            f"last checkpoint: {saved}",
+            "evaluate with:",
+            "  " + shlex.join(["esper", "evaluate", "--ckpt", str(saved)]),
+        ]
     return "\n".join(lines)
 
 
