@@ -387,3 +387,16 @@ def test_timeline_callback_arguments_and_state(rollout, tmp_path: Path) -> None:
     trainer = Trainer(default_root_dir=tmp_path, logger=False, enable_progress_bar=False)
     with pytest.raises(ValueError, match=r"env=7.*2 envs"):
         drive(far, trainer, steps, rollouts=1)
+
+
+def test_timeline_legend_names_each_thing_once_and_rows_as_slots() -> None:
+    from esper.report.timeline import _draw_stages, _legend_handles, new_figure
+
+    labels = [h.get_label() for h in _legend_handles({"rollback", "skipped"})]
+    assert len(labels) == len(set(labels)), labels  # a stage and an event never share a name
+    fig = new_figure(400, 300)
+    ax = fig.add_subplot(1, 1, 1)
+    grid = np.ma.masked_all((2, 3), dtype=np.int64)
+    _draw_stages(ax, np.arange(1, 4), grid, ["stage0", "stage1"])
+    ticks = [t.get_text() for t in ax.get_yticklabels()]
+    assert ticks == ["slot 0\n(host stage0)", "slot 1\n(host stage1)"]

@@ -67,6 +67,15 @@ _MARKERS: dict[str, tuple[str, str, float]] = {
     "fossilized": ("*", "darkgoldenrod", 14.0),
     "pruned": ("X", "crimson", 9.0),
 }
+#: How the legend names each marker: the moment a seed is planted, made permanent or cut
+#: (an event), apart from the stage colours' names (a state it is in for an epoch).
+_EVENT_LABELS = {
+    "germinated": "planted here (blueprint beside it)",
+    "fossilized": "fossilized here (merged)",
+    "pruned": "pruned here",
+}
+#: Font size of the blueprint name beside a planting marker: readable at the default size.
+BLUEPRINT_FONT_SIZE = 8.5
 _ROLLBACK = {"color": "red", "linestyle": "--", "linewidth": 1.2}
 _OOM_SKIP = {"color": "dimgray", "linestyle": ":", "linewidth": 1.2}
 
@@ -127,7 +136,7 @@ def render_timeline(
     labelled = _draw_events(top, bottom, steps, env, slot_ids)
     final = _draw_accuracy(bottom, steps, env)
 
-    top.set_ylabel("slot")
+    top.set_ylabel("seed slot")
     name = label if label is not None else f"env {env}, rollout {rollouts[0]}"
     accuracy = f"{final:.3f}" if np.isfinite(final) else "n/a"
     top.set_title(
@@ -243,7 +252,8 @@ def _draw_stages(ax, epochs: np.ndarray, grid: np.ma.MaskedArray, slot_ids: Sequ
         linewidth=0.5,
     )
     ax.set_ylim(len(slot_ids) - 0.5, -0.5)  # first slot on top
-    ax.set_yticks(range(len(slot_ids)), slot_ids)
+    # "slot 0 (host stage0)": a slot id names the place in the host, not a lifecycle stage.
+    ax.set_yticks(range(len(slot_ids)), [f"slot {i}\n(host {s})" for i, s in enumerate(slot_ids)])
     ax.tick_params(axis="x", labelbottom=False)
 
 
@@ -308,10 +318,11 @@ def _draw_events(
                 top.annotate(
                     event.blueprint,
                     (x, y),
-                    xytext=(4, -6),
+                    xytext=(6, -10),
                     textcoords="offset points",
-                    fontsize=6,
+                    fontsize=BLUEPRINT_FONT_SIZE,
                     color="black",
+                    bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "alpha": 0.8},
                     zorder=4,
                 )
             drawn.add(event.kind)
@@ -353,7 +364,7 @@ def _legend_handles(drawn: set[str]) -> list[object]:
                 markeredgecolor="black",
                 markeredgewidth=0.5,
                 linestyle="none",
-                label=kind,
+                label=_EVENT_LABELS[kind],
             )
         )
     if "rollback" in drawn:

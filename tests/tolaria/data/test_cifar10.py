@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pickle
+import re
+import subprocess
+import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -235,6 +238,25 @@ def test_missing_folder_names_path_files_and_download(tmp_path: Path) -> None:
     for name in CIFAR10_EXPECTED_FILES:
         assert name in message
     assert CIFAR10_URL in message
+
+
+@pytest.mark.parametrize("given", ["data", f"data/{CIFAR10_DIRNAME}"])
+def test_the_download_hint_runs_as_written_and_the_root_then_loads(
+    tmp_path: Path, given: str
+) -> None:
+    # The archive as released: cifar-10-batches-py/ at its top.
+    release = tmp_path / "release"
+    make_fake_cifar(release)
+    with tarfile.open(tmp_path / "cifar-10-python.tar.gz", "w:gz") as archive:
+        archive.add(release / CIFAR10_DIRNAME, arcname=CIFAR10_DIRNAME)
+    root = tmp_path / given  # does not exist yet, nor does its parent
+    with pytest.raises(FileNotFoundError) as info:
+        Cifar10DataModule(root, batch_size=BATCH)
+    command = re.search(r"`(mkdir -p .*? && tar -xzf .*?)`", str(info.value))
+    assert command is not None, str(info.value)
+    subprocess.run(command.group(1), shell=True, cwd=tmp_path, check=True)
+    assert not (tmp_path / "data" / CIFAR10_DIRNAME / CIFAR10_DIRNAME).exists(), "nested twice"
+    Cifar10DataModule(root, batch_size=BATCH)  # found where the hint put it
 
 
 def test_partially_missing_files_are_listed(tmp_path: Path) -> None:

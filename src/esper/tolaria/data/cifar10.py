@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -235,10 +236,19 @@ def find_cifar10_dir(root: str | os.PathLike[str]) -> Path:
 
 
 def _download_hint(root: Path) -> str:
+    """How to get the files where ``root`` will find them, as commands that run as shown.
+
+    The archive holds ``cifar-10-batches-py/``, so it is extracted into the folder that
+    will hold that one: ``root`` itself, or its parent where ``root`` already names
+    ``cifar-10-batches-py`` (extracting into it would nest the folder twice). ``tar -C``
+    needs its folder to exist, hence the ``mkdir -p``.
+    """
+    into = root.parent if root.name == CIFAR10_DIRNAME else root
+    target = shlex.quote(str(into))
     return (
-        f"Download {CIFAR10_URL} and extract it into {root} "
-        f"(e.g. `tar -xzf cifar-10-python.tar.gz -C {root}`), which creates {CIFAR10_DIRNAME}/; "
-        f"pass either that folder or its parent as root."
+        f"Download {CIFAR10_URL} and extract it with `mkdir -p {target} && tar -xzf "
+        f"cifar-10-python.tar.gz -C {target}`, which creates {into / CIFAR10_DIRNAME}; "
+        "pass either that folder or its parent as root."
     )
 
 
