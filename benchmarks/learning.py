@@ -17,7 +17,7 @@ initialisations), on the test split:
 Evaluation seeds: the tuning range by default (``--eval-seed 0``); figures to report
 come from the reporting range (``--eval-seed 1000``). "Learned beats no growth" means
 the difference is above 2 standard errors. Figures are printed and written to
-``<out>/learning.json``; the curve is drawn to ``<out>/learning_curve.png`` and each
+``<out>/learning.json``; the curve is drawn to ``<out>/learned_vs_no_growth.png`` and each
 seed's final evaluation (CSV, JSON, timelines) goes to ``<out>/seed<N>/evaluation``.
 The exit status is 0 either way: this measures, it does not gate.
 
@@ -249,8 +249,8 @@ def main() -> None:
     (args.out / "learning.json").write_text(json.dumps(results, indent=2, default=float))
     print(f"wrote {args.out / 'learning.json'}")
     if args.curve:
-        draw_curve(results, args.out / "learning_curve.png")
-        print(f"wrote {args.out / 'learning_curve.png'}")
+        draw_curve(results, args.out / "learned_vs_no_growth.png")
+        print(f"wrote {args.out / 'learned_vs_no_growth.png'}")
 
 
 if __name__ == "__main__":

@@ -247,20 +247,92 @@ def test_report_writes_a_curve_beside_each_log(tmp_path: Path) -> None:
     assert not (logs / "version_2" / LEARNING_CURVE_FILE).exists()
 
 
-def test_report_draws_no_growth_from_the_runs_evaluation(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    log = write_log(run / "lightning_logs" / "version_0" / "events.jsonl", [update(0, 1.0, 0.5)])
+def _evaluation(path: Path) -> Path:
+    """An evaluation.json as esper evaluate writes it: rows, per-episode val accuracy and
+    episode groups (two episodes a group)."""
+    groups = [0, 0, 1, 1, 2, 2]
+    values = {
+        "learned": [0.9, 0.91, 0.92, 0.9, 0.93, 0.91],
+        "no_growth": [0.7, 0.72, 0.69, 0.71, 0.7, 0.73],
+        "static_final": [0.95, 0.96, 0.94, 0.95, 0.96, 0.95],
+    }
+    payload = {
+        "rows": [{"controller": name} for name in values],
+        "final_val_acc": values,
+        "episode_group": groups,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload))
+    return path
+
+
+def test_evaluated_controls_are_every_control_with_its_clustered_interval(tmp_path: Path) -> None:
+    from esper.report.curves import evaluated_controls
+    from esper.simic.statistics import clustered_mean
+
+    path = _evaluation(tmp_path / "evaluation.json")
+    controls = evaluated_controls(path)
+    assert list(controls) == ["no_growth", "static_final"]  # the curve is the learned one
+    payload = json.loads(path.read_text())
+    for name, band in controls.items():
+        expected = clustered_mean(payload["final_val_acc"][name], payload["episode_group"])
+        assert band == (expected.mean, expected.low, expected.high)
+    junk = tmp_path / "junk.json"
+    junk.write_text("[]")
+    with pytest.warns(UserWarning, match="not an evaluation"):
+        assert evaluated_controls(junk) == {}
+
+
+def test_report_draws_the_controls_of_the_evaluation_in_the_run_folder(tmp_path: Path) -> None:
+    from esper.report.curves import evaluated_controls
+
+    run = tmp_path / "project" / "lightning_logs" / "version_0"
+    log = write_log(run / "events.jsonl", [update(r, 1.0, 0.5 + 0.01 * r) for r in range(6)])
     plain = render_learning_curve(log, size=SMALL)
-    evaluation = run / "evaluation" / "evaluation.json"
-    evaluation.parent.mkdir(parents=True)
-    rows = [{"controller": "learned", "final_val_acc_mean": 0.9}]
-    rows.append({"controller": "no_growth", "final_val_acc_mean": 0.7})
-    evaluation.write_text(json.dumps({"rows": rows}))
-    (written,) = report(run)
-    expected = render_learning_curve(log, size=SMALL, no_growth_acc=0.7)
-    assert not np.array_equal(expected, plain)  # the reference line is drawn
-    full = render_learning_curve(log, no_growth_acc=0.7)
+    evaluation = _evaluation(run / "evaluation" / "evaluation.json")
+    # From the project folder, as the README runs it: the evaluation beside the log is found.
+    (written,) = report(tmp_path / "project")
+    controls = evaluated_controls(evaluation)
+    assert not np.array_equal(render_learning_curve(log, size=SMALL, controls=controls), plain)
+    full = render_learning_curve(log, controls=controls)
     assert np.array_equal((imread(written)[..., :3] * 255).round().astype(np.uint8), full)
+
+
+def test_learning_curve_numbers_updates_as_the_cli_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import esper.report.curves as curves
+
+    figures = []
+    made = curves.new_figure
+
+    def keep(width: int, height: int):  # the figure the curve is drawn on
+        figures.append(made(width, height))
+        return figures[-1]
+
+    monkeypatch.setattr(curves, "new_figure", keep)
+    log = write_log(tmp_path / "events.jsonl", [update(r, 1.0, 0.5) for r in range(3)])
+    render_learning_curve(log, size=SMALL)
+    bottom = figures[0].axes[1]
+    xs = {tuple(line.get_xdata()) for line in bottom.get_lines() if len(line.get_xdata())}
+    assert xs == {(1, 2, 3)}  # "update 1/3" .. "update 3/3", never rollout 0
+
+
+def test_rolling_band_is_the_mean_and_t_interval_of_the_last_updates() -> None:
+    from esper.report.curves import ROLLING_UPDATES, rolling_band
+    from esper.simic.statistics import t_critical
+
+    values = np.array([0.5, 0.7, np.nan, 0.6, 0.9, 0.8, 0.4, 0.65])
+    mean, low, high = rolling_band(values)
+    for i in range(len(values)):
+        part = values[max(0, i - ROLLING_UPDATES + 1) : i + 1]
+        part = part[np.isfinite(part)]
+        assert mean[i] == pytest.approx(part.mean())
+        if part.size < 2:
+            assert np.isnan(low[i]) and np.isnan(high[i])
+            continue
+        half = t_critical(part.size) * part.std(ddof=1) / np.sqrt(part.size)
+        assert (low[i], high[i]) == pytest.approx((part.mean() - half, part.mean() + half))
 
 
 def test_report_errors_name_the_run_dir(tmp_path: Path) -> None:

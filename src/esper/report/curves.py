@@ -3,8 +3,11 @@
 :func:`render_learning_curve` reads the ``events.jsonl`` that
 :class:`~esper.callbacks.telemetry.TelemetryCallback` writes and plots, per PPO update,
 the mean episode return (top panel) and the host's validation accuracy at the end of the
-episode (bottom panel; the mean over envs as a line, each env's value as a faint dot when
-the log has ``episode_end`` lines).
+episode (bottom panel; each env's value as a faint dot when the log has ``episode_end``
+lines), each as a rolling mean with its 95% interval. Where the run was evaluated
+(``esper evaluate`` writes ``evaluation/evaluation.json`` in the run folder), every
+control's validation accuracy is drawn across the accuracy panel: the answer to "did the
+policy learn to beat no growth?" is whether the green band ends above the grey one.
 
 A resumed run appends to the same log: the ``resume`` line says from which rollout on
 the lines repeat, so the lines of those rollouts written before it are dropped, and a
@@ -19,12 +22,14 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from esper.report.timeline import check_size, figure_to_array, new_figure, write_png
+from esper.simic.statistics import clustered_mean, t_critical
 
 #: Default ``(width, height)`` of a learning curve in pixels.
 LEARNING_CURVE_SIZE: tuple[int, int] = (1000, 500)
@@ -34,6 +39,23 @@ EVENTS_FILE = "events.jsonl"
 
 #: Name of the picture :func:`report` writes beside each event log.
 LEARNING_CURVE_FILE = "learning_curve.png"
+
+#: Updates averaged for each point of the curves' lines and bands: an update's episodes
+#: are a handful of hosts, so one update alone swings by a few points.
+ROLLING_UPDATES = 5
+#: The controller the curve itself shows; its evaluation row is not drawn as a control.
+LEARNED = "learned"
+#: Colours of the evaluated controls' bands, in the evaluation's order.
+CONTROL_COLOURS = ("#7f7f7f", "#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#17becf", "#bcbd22")
+
+
+class Band(NamedTuple):
+    """A controller's mean and 95% interval, drawn across the accuracy panel."""
+
+    mean: float
+    low: float
+    high: float
+
 
 RETURN_KEY = "train/episode_return"
 ACCURACY_KEY = "train/host_val_acc"
@@ -47,12 +69,17 @@ def render_learning_curve(
     events_jsonl: Path | str,
     path: Path | str | None = None,
     size: tuple[int, int] = LEARNING_CURVE_SIZE,
-    no_growth_acc: float | None = None,
+    controls: Mapping[str, Band] | None = None,
 ) -> np.ndarray:
     """Plot mean episode return and host accuracy over PPO updates from ``events_jsonl``.
 
-    ``no_growth_acc`` (from an ``esper evaluate`` of the run) is drawn across the accuracy
-    plot as the reference the grown hosts are read against.
+    Updates are numbered from 1, as ``esper fit`` numbers them. Each panel shows the
+    per-update mean faintly and, over it, the mean of the last :data:`ROLLING_UPDATES`
+    updates with its 95% interval: each update's episodes are fresh hosts, so an update's
+    mean is one independent unit, while envs of one update share a paired group's host.
+    ``controls`` (controller name to its mean final validation accuracy and 95% interval,
+    from an ``esper evaluate`` of the run: :func:`evaluated_controls`) are drawn across the
+    accuracy panel as bands, the levels the policy's hosts are read against.
 
     Returns the picture as ``uint8`` RGB of shape ``(height, width, 3)`` and writes it as
     PNG to ``path`` when given. Raises ValueError naming the file when it holds no
@@ -68,6 +95,7 @@ def render_learning_curve(
             "or the TelemetryCallback that wrote it left that kind out"
         )
     rollouts = sorted(updates)
+    numbers = np.array(rollouts) + 1  # as the CLI prints them: update 1/N .. N/N
     returns = [_metric(updates[r], RETURN_KEY, episodes.get(r), "episode_return") for r in rollouts]
     accuracy = [
         _metric(updates[r], ACCURACY_KEY, episodes.get(r), "final_val_acc") for r in rollouts
@@ -75,42 +103,70 @@ def render_learning_curve(
 
     fig = new_figure(width, height)
     top, bottom = fig.subplots(2, 1, sharex=True)
-    style: dict[str, Any] = {"marker": "o", "markersize": 3} if len(rollouts) <= 60 else {}
-    top.plot(rollouts, returns, color="tab:blue", linewidth=1.4, **style)
+    _draw_rolling(top, numbers, np.array(returns), "tab:blue")
     top.set_ylabel("episode return\n(mean over envs)")
     top.grid(True, alpha=0.3)
-    top.set_title(f"{_run_name(events_jsonl)}: {len(rollouts)} PPO update(s)", fontsize="medium")
+    top.set_title(
+        f"{_run_name(events_jsonl)}: {len(rollouts)} PPO update(s); lines: mean of the last "
+        f"{ROLLING_UPDATES} updates, bands: its 95% interval",
+        fontsize="medium",
+    )
 
     per_env = [
-        (r, _float(e.get("final_val_acc"))) for r in rollouts for e in episodes.get(r, {}).values()
+        (r + 1, _float(e.get("final_val_acc")))
+        for r in rollouts
+        for e in episodes.get(r, {}).values()
     ]
     if per_env:
         xs, ys = zip(*per_env, strict=True)
-        bottom.scatter(xs, ys, s=6, color="tab:green", alpha=0.25, linewidths=0, label="per env")
-    bottom.plot(
-        rollouts, accuracy, color="tab:green", linewidth=1.4, label="mean over envs", **style
-    )
-    if no_growth_acc is not None:
-        bottom.axhline(
-            no_growth_acc,
-            color="grey",
-            linestyle="--",
-            linewidth=1.2,
-            label=f"no growth, esper evaluate ({no_growth_acc:.3f})",
-        )
+        bottom.scatter(xs, ys, s=5, color="tab:green", alpha=0.2, linewidths=0, label="per env")
+    _draw_rolling(bottom, numbers, np.array(accuracy), "tab:green", label="learned (training)")
+    for i, (name, band) in enumerate((controls or {}).items()):
+        colour = CONTROL_COLOURS[i % len(CONTROL_COLOURS)]
+        bottom.axhline(band.mean, color=colour, linestyle="--", linewidth=1.2)
+        if math.isfinite(band.low) and math.isfinite(band.high):
+            bottom.axhspan(band.low, band.high, color=colour, alpha=0.12, linewidth=0)
+        bottom.plot([], [], color=colour, linestyle="--", label=f"{name} ({band.mean:.3f})")
     bottom.set_ylabel("host val acc\n(end of episode)")
-    bottom.set_xlabel("PPO update (rollout)")
+    bottom.set_xlabel(
+        "PPO update" + ("  (dashed: esper evaluate of the run, val split)" if controls else "")
+    )
     bottom.grid(True, alpha=0.3)
-    if per_env or no_growth_acc is not None:
-        bottom.legend(loc="lower right", fontsize="small")
+    bottom.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="x-small")
     if len(rollouts) == 1:
-        bottom.set_xlim(rollouts[0] - 1, rollouts[0] + 1)
+        bottom.set_xlim(numbers[0] - 1, numbers[0] + 1)
     bottom.xaxis.get_major_locator().set_params(integer=True)
 
     image = figure_to_array(fig, width, height)
     if path is not None:
         write_png(image, path)
     return image
+
+
+def rolling_band(values: np.ndarray, window: int = ROLLING_UPDATES) -> tuple[np.ndarray, ...]:
+    """``(mean, low, high)`` ``[U]``: the mean of the last ``window`` finite values up to
+    each position, and its Student-t 95% interval (NaN where fewer than two are in it)."""
+    means = np.full(len(values), math.nan)
+    lows, highs = means.copy(), means.copy()
+    for i in range(len(values)):
+        part = values[max(0, i - window + 1) : i + 1]
+        part = part[np.isfinite(part)]
+        if part.size == 0:
+            continue
+        means[i] = part.mean()
+        if part.size >= 2:
+            half = t_critical(part.size) * part.std(ddof=1) / math.sqrt(part.size)
+            lows[i], highs[i] = means[i] - half, means[i] + half
+    return means, lows, highs
+
+
+def _draw_rolling(
+    ax, xs: np.ndarray, values: np.ndarray, colour: str, label: str | None = None
+) -> None:
+    ax.plot(xs, values, color=colour, linewidth=0.8, alpha=0.35)
+    mean, low, high = rolling_band(values)
+    ax.plot(xs, mean, color=colour, linewidth=1.8, label=label)
+    ax.fill_between(xs, low, high, color=colour, alpha=0.2, linewidth=0)
 
 
 def report(run_dir: Path | str) -> list[Path]:
@@ -131,11 +187,14 @@ def report(run_dir: Path | str) -> list[Path]:
         )
     written: list[Path] = []
     errors: list[ValueError] = []
-    no_growth_acc = _no_growth_reference(run_dir)
     for log in logs:
         out = log.parent / LEARNING_CURVE_FILE
+        found = [
+            p for p in (log.parent / EVALUATION_JSON, run_dir / EVALUATION_JSON) if p.is_file()
+        ]
+        controls = evaluated_controls(found[0]) if found else None
         try:
-            render_learning_curve(log, out, no_growth_acc=no_growth_acc)
+            render_learning_curve(log, out, controls=controls)
         except ValueError as exc:
             errors.append(exc)
             warnings.warn(f"esper report: skipped {log}: {exc}", stacklevel=2)
@@ -147,18 +206,27 @@ def report(run_dir: Path | str) -> list[Path]:
 
 
 # ------------------------------------------------------------------ reading
-def _no_growth_reference(run_dir: Path) -> float | None:
-    """No growth's mean final accuracy from ``<run_dir>/evaluation/evaluation.json``
-    (where ``esper evaluate`` writes by default), or None when there is none."""
-    path = run_dir / EVALUATION_JSON
-    if not path.is_file():
-        return None
+def evaluated_controls(path: Path) -> dict[str, Band]:
+    """Each controller's mean final validation accuracy in an ``esper evaluate``'s
+    ``evaluation.json``, with its 95% interval counting each episode group once; the
+    learned policy's own row is left out (the curve is the learned policy). Empty, with a
+    warning, where the file is not an evaluation."""
     try:
-        rows = json.loads(path.read_text())["rows"]
-        return next(float(r["final_val_acc_mean"]) for r in rows if r["controller"] == "no_growth")
-    except (ValueError, KeyError, TypeError, StopIteration):
-        warnings.warn(f"esper report: {path} has no no-growth row; drawn without it", stacklevel=3)
-        return None
+        payload = json.loads(path.read_text())
+        per_episode = payload["final_val_acc"]
+        groups = payload["episode_group"]
+        rows = [r["controller"] for r in payload["rows"]]
+    except (ValueError, KeyError, TypeError):
+        warnings.warn(f"esper report: {path} is not an evaluation; drawn without it", stacklevel=3)
+        return {}
+    controls: dict[str, Band] = {}
+    for name in rows:
+        values = per_episode.get(name) if isinstance(per_episode, dict) else None
+        if name == LEARNED or not values:
+            continue
+        estimate = clustered_mean(values, groups[: len(values)])
+        controls[name] = Band(estimate.mean, estimate.low, estimate.high)
+    return controls
 
 
 def _read_log(
