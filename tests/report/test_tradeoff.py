@@ -75,3 +75,11 @@ def test_a_file_that_is_not_an_evaluation_is_named(tmp_path: Path) -> None:
     broken.write_text("{")
     with pytest.raises(ValueError, match=r"broken\.json: not JSON"):
         render_accuracy_vs_flops(broken)
+
+
+def test_names_of_controllers_at_one_place_go_on_separate_lines() -> None:
+    from esper.report.tradeoff import _label_offsets
+
+    offsets = _label_offsets([(1.48, 0.9708), (0.4, 0.90), (1.48, 0.9699), (0.96, 0.95)])
+    assert offsets[0] != offsets[2]  # static_final and static_equal coincide
+    assert offsets[0] == offsets[1] == offsets[3]  # apart from the others: beside the marker

@@ -26,6 +26,11 @@ TRADEOFF_SIZE: tuple[int, int] = (900, 600)
 TRADEOFF_FILE = "accuracy_vs_flops.png"
 #: FLOPs per GFLOP, the unit of the x axis (as in the printed table).
 GFLOP = 1e9
+#: Offset of a controller's name from its marker, and the height of one more line, in
+#: points; points closer than NEAR_FRACTION of each axis's span count as one place.
+LABEL_OFFSET, LABEL_LINE, NEAR_FRACTION = 6.0, 13.0, 0.06
+#: Room added right of the last point for its name, as a fraction of the x span.
+LABEL_ROOM = 0.12
 #: Marker colours, one per controller in the order the evaluation lists them.
 COLOURS = ("#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#7f7f7f")
 
@@ -46,6 +51,10 @@ def render_accuracy_vs_flops(
     groups = payload.get("episode_group")
     fig = new_figure(width, height)
     ax = fig.add_subplot(1, 1, 1)
+    points = [
+        (row["train_flops_mean"] / GFLOP, row["final_test_acc_mean"]) for row in payload["rows"]
+    ]
+    offsets = _label_offsets(points)
     for i, row in enumerate(payload["rows"]):
         name = row["controller"]
         acc = row["final_test_acc_mean"]
@@ -56,7 +65,7 @@ def render_accuracy_vs_flops(
         x_err = _errors(flops[0], flops[1], flops[2], scale=GFLOP)
         colour = COLOURS[i % len(COLOURS)]
         ax.errorbar([x], [acc], xerr=x_err, yerr=y_err, fmt="o", color=colour, capsize=4)
-        ax.annotate(name, (x, acc), xytext=(6, 6), textcoords="offset points", color=colour)
+        ax.annotate(name, (x, acc), xytext=offsets[i], textcoords="offset points", color=colour)
     seed = payload.get("seed")
     episodes = payload["rows"][0].get("episodes")
     ax.set_title(
@@ -68,10 +77,27 @@ def render_accuracy_vs_flops(
     ax.set_xlabel("training compute of the hosts, GFLOP per episode (mean)")
     ax.set_ylabel("final test accuracy (mean)")
     ax.grid(alpha=0.3)
+    low_x, high_x = ax.get_xlim()
+    ax.set_xlim(low_x, high_x + LABEL_ROOM * (high_x - low_x))  # the rightmost name fits
     image = figure_to_array(fig, width, height)
     if path is not None:
         write_png(image, path)
     return image
+
+
+def _label_offsets(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Where each controller's name goes, in points from its marker: beside it, and one
+    line lower for every earlier controller drawn at nearly the same place (static_final
+    and static_equal often coincide), so no two names overprint."""
+    xs, ys = np.array([p[0] for p in points]), np.array([p[1] for p in points])
+    span_x = float(np.ptp(xs)) or 1.0
+    span_y = float(np.ptp(ys)) or 1.0
+    offsets = []
+    for i in range(len(points)):
+        near = np.abs(xs[:i] - xs[i]) / span_x < NEAR_FRACTION
+        near &= np.abs(ys[:i] - ys[i]) / span_y < NEAR_FRACTION
+        offsets.append((LABEL_OFFSET, LABEL_OFFSET - LABEL_LINE * int(near.sum())))
+    return offsets
 
 
 def _read(path: Path) -> dict[str, Any]:
