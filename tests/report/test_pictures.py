@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from matplotlib.image import imread
@@ -27,25 +25,9 @@ from esper.report import (
     render_timeline,
     report,
 )
-from tests.simic.envs import collector, small_env
 
 #: Size of the pictures whose size is not what a test checks (smaller draws faster).
 SMALL = (320, 240)
-
-
-@pytest.fixture(scope="module")
-def rollout() -> Iterator[tuple[list[StepBatch], tuple[str, ...]]]:
-    """The step batches of one real tiny rollout (2 envs, 5 host epochs) and the slot names."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors; a second spinning thread only costs here
-    try:
-        env = small_env(2, 5)
-        col = collector(env)
-        steps: list[StepBatch] = []
-        col.collect(0, on_step=steps.append)
-    finally:
-        torch.set_num_threads(previous)
-    yield steps, tuple(env.slot_ids)
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -472,3 +454,20 @@ def test_timeline_legend_names_each_thing_once_and_rows_as_slots() -> None:
     _draw_stages(ax, np.arange(1, 4), grid, ["stage0", "stage1"])
     ticks = [t.get_text() for t in ax.get_yticklabels()]
     assert ticks == ["slot 0\n(host stage0)", "slot 1\n(host stage1)"]
+
+
+def test_timeline_callback_warns_of_a_picture_it_could_not_draw_and_goes_on(
+    rollout, tmp_path: Path
+) -> None:
+    steps, _ = rollout
+    callback = TimelineCallback(every_n_updates=1)
+    trainer = bare_trainer(tmp_path, callback, logger=CSVLogger(tmp_path))
+    module = SimpleNamespace(env=SimpleNamespace(slot_ids=("only_one_slot",)))
+    callback.setup(trainer, module, "fit")  # type: ignore[arg-type]
+    callback.on_rollout_start(trainer, module, 0)  # type: ignore[arg-type]
+    for s in steps:
+        callback.on_env_step(trainer, module, s)  # type: ignore[arg-type]
+    callback.on_rollout_end(trainer, module, summary_for(steps, 0))  # type: ignore[arg-type]
+    with pytest.warns(UserWarning, match=r"TimelineCallback: drawing .*rollout0000\.png failed"):
+        callback.teardown(trainer, module, "fit")  # type: ignore[arg-type]
+    assert callback.written == []

@@ -14,12 +14,16 @@ fossilize / prune markers, rollbacks, the host's accuracy. It is
 
 Only global rank 0 draws (its own envs; ``env`` indexes them). Slot names come from the
 module's env (``pl_module.env.slot_ids``). Every hook reads host-side arrays only; no
-device tensor is touched, so the rollout stays sync-free. Drawing a 1000x600 timeline
-costs a fraction of a second per drawn rollout.
+device tensor is touched, so the rollout stays sync-free. Drawing (a fraction of a second
+of matplotlib per picture) happens in a helper process
+(:class:`esper.report.drawer.BackgroundDrawer`): the rollout hands the steps over and goes
+on; finished pictures are logged at the next rollout's start, and teardown waits for the
+rest.
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +32,8 @@ from esper.contracts.rollout import RolloutSummary, StepBatch
 
 if TYPE_CHECKING:
     from lightning.pytorch import LightningModule, Trainer
+
+    from esper.report.drawer import BackgroundDrawer, Drawn
 
 _STATE_VERSION = 1
 
@@ -59,8 +65,9 @@ class TimelineCallback(EsperCallback):
             raise ValueError(f"TimelineCallback(env={env}) must be >= 0 (an env index)")
         self.every_n_updates = every_n_updates
         self.env = env
-        #: The pictures written so far in this process.
+        #: The pictures written so far in this process (each once the helper is done).
         self.written: list[Path] = []
+        self._drawer: BackgroundDrawer | None = None
         self._enabled: bool | None = None
         self._out_dir: Path | None = None
         self._steps: list[StepBatch] = []
@@ -80,8 +87,17 @@ class TimelineCallback(EsperCallback):
         self._last_rollout = max_epochs - 1 if max_epochs is not None and max_epochs > 0 else None
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # Every picture asked for is written and logged before the run ends (also after
+        # Ctrl-C or a failure: what was drawn is kept).
         self._steps = []
         self._enabled = None
+        drawer, self._drawer = self._drawer, None
+        if drawer is None:
+            return
+        try:
+            self._collect(trainer, drawer, wait=True)
+        finally:
+            drawer.close()
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -106,7 +122,8 @@ class TimelineCallback(EsperCallback):
         return rollout % self.every_n_updates == 0 or rollout == self._last_rollout
 
     def on_rollout_start(self, trainer: Trainer, pl_module: LightningModule, rollout: int) -> None:
-        self._check_enabled()
+        if self._check_enabled() and self._drawer is not None:
+            self._collect(trainer, self._drawer, wait=False)
         self._steps = []
 
     def on_env_step(self, trainer: Trainer, pl_module: LightningModule, step: StepBatch) -> None:
@@ -128,17 +145,37 @@ class TimelineCallback(EsperCallback):
                 f"TimelineCallback(env={self.env}) but this rank's env holds {n_envs} envs "
                 f"(0..{n_envs - 1})"
             )
-        from esper.report.timeline import render_timeline
-
         assert self._out_dir is not None, "setup() sets the output folder"
         path = self._out_dir / f"timeline_rollout{rollout.rollout:04d}.png"
-        image = render_timeline(steps, self.env, _slot_ids(pl_module), path=path)
-        self.written.append(path)
-        writer = _summary_writer(trainer)
-        if writer is not None:
-            writer.add_image(
-                f"timeline/env{self.env}", image, global_step=rollout.rollout, dataformats="HWC"
-            )
+        from esper.report.drawer import BackgroundDrawer, Job  # matplotlib: when drawing
+
+        if self._drawer is None:
+            self._drawer = BackgroundDrawer()
+        self._drawer.submit(Job(rollout.rollout, steps, self.env, _slot_ids(pl_module), path))
+        self._collect(trainer, self._drawer, wait=False)
+
+    def _collect(self, trainer: Trainer, drawer: BackgroundDrawer, wait: bool) -> None:
+        """Log what the helper finished (all it was asked for, with ``wait``). A picture
+        that could not be drawn is a warning: the run and its other pictures go on."""
+        from esper.report.drawer import DrawingError
+
+        results = drawer.wait() if wait else drawer.finished()
+        for failed in (r for r in results if isinstance(r, DrawingError)):
+            warnings.warn(f"TimelineCallback: {failed}", stacklevel=2)
+        self._log(trainer, [r for r in results if not isinstance(r, DrawingError)])
+
+    def _log(self, trainer: Trainer, drawn: list[Drawn]) -> None:
+        """Record finished pictures and log them to TensorBoard at their rollout."""
+        writer = _summary_writer(trainer) if drawn else None
+        for picture in drawn:
+            self.written.append(picture.path)
+            if writer is not None:
+                writer.add_image(
+                    f"timeline/env{self.env}",
+                    picture.image,
+                    global_step=picture.key,
+                    dataformats="HWC",
+                )
 
     def _check_enabled(self) -> bool:
         if self._enabled is None:
