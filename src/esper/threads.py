@@ -9,8 +9,10 @@ Two parts of Esper want a count of their own, apart from the process's:
   (predecessor's host, 4 envs, benchmarks/README.md): at two threads 10 of 28 acts after
   host epochs took 3.7-36.9 ms instead of 1.0-1.7 ms, at one thread every act took
   1.0-1.3 ms.
-- Host training in worker threads (``esper.tolaria.parallel``): one thread per core, each
-  running its ops on one intra-op thread, so the workers do not oversubscribe the cores.
+- Host training in worker threads (``esper.tolaria.parallel``): one worker per env up to
+  the cores torch uses, each running its ops on an even share of those cores (one where
+  there are at least as many envs as cores), so the workers neither oversubscribe the
+  cores nor leave spare ones idle.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from esper.kasmina import GrowingHost, TransformerHost
 from esper.simic.env_config import EnvConfig
 from esper.tolaria import epoch
 from esper.tolaria.epoch import EpochResult, run_epoch
-from esper.tolaria.parallel import resolve_workers, run_env_steps
+from esper.tolaria.parallel import resolve_workers, run_env_steps, threads_per_worker
 from tests.simic.envs import collector, small_env
 from tests.tolaria.loaders import image_loaders, token_loaders
 from tests.tolaria.test_epoch import FAST, cnn_envs, to_stage
@@ -78,6 +78,34 @@ def test_cnn_envs_in_workers_equal_the_sequential_path_bit_for_bit(workers: int)
         assert_same_result(expected, got)
     assert_same_hosts(sequential, parallel)
     assert torch.get_num_threads() == 1  # restored, not left at the workers' count
+
+
+def test_with_spare_cores_each_worker_runs_on_its_share_and_equals_that_many_threads() -> None:
+    # 4 cores for 2 envs: each worker's ops run on 2 intra-op threads, and the results are
+    # the sequential path's on 2 threads, bit for bit.
+    assert threads_per_worker(2) == 1  # the suite runs on one thread: no spare cores
+    sequential, parallel = cnn_envs(), cnn_envs()
+    train, val = image_loaders()
+    seen: list[int] = []
+    step = epoch._train_env_on_batch
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(torch.get_num_threads())
+        return step(*args, **kwargs)
+
+    try:
+        torch.set_num_threads(4)
+        assert threads_per_worker(2) == 2 and threads_per_worker(3) == 1
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(epoch, "_train_env_on_batch", counting)
+            got = run_epoch(parallel, train, val, cpu_workers=2)
+        assert set(seen) == {2}, seen
+        torch.set_num_threads(2)
+        expected = run_epoch(sequential, train, val, cpu_workers=1)
+    finally:
+        torch.set_num_threads(1)
+    assert_same_result(expected, got)
+    assert_same_hosts(sequential, parallel)
 
 
 def test_transformer_envs_in_workers_equal_the_sequential_path_with_paired_shares() -> None:

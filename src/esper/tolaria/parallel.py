@@ -63,6 +63,14 @@ def resolve_workers(requested: int | None, n_envs: int) -> int:
     return max(1, min(wanted, n_envs))
 
 
+def threads_per_worker(workers: int) -> int:
+    """Intra-op threads of each of ``workers`` workers: the calling thread's count (every
+    core torch uses, unless lowered) shared out evenly, at least one. Results depend on
+    it as they do on any thread count: a worker with k threads computes what the
+    sequential path computes on k threads, bit for bit."""
+    return max(1, torch.get_num_threads() // workers)
+
+
 class _Schedule(Generic[T, V, R]):
     """Shared state of one :func:`run_env_steps` call, guarded by ``cond``."""
 
@@ -154,16 +162,19 @@ def run_env_steps(
 
     The calling thread iterates ``batches`` once while the workers run, then calls
     ``tail`` once (the validation batches). Each env's steps run one after another, in one
-    thread at a time, so its results do not depend on which thread ran them. The
-    process's intra-op thread count is 1 while the workers run and is restored after. The
-    first exception raised by a step, a finish, ``batches`` or ``tail`` is raised after
-    every worker has stopped.
+    thread at a time, so its results do not depend on which thread ran them. Each worker
+    runs its ops on :func:`threads_per_worker` intra-op threads (the cores torch uses,
+    shared out: with fewer envs than cores, an env's ops get the spare ones); the calling
+    thread's count is 1 while the workers run and is restored after. The first exception
+    raised by a step, a finish, ``batches`` or ``tail`` is raised after every worker has
+    stopped.
     """
     plan: _Schedule[T, V, R] = _Schedule(n_envs, _known_length(batches))
     cond = plan.cond
+    per_worker = threads_per_worker(workers)
 
     def work() -> None:
-        torch.set_num_threads(1)  # each thread keeps its own intra-op count
+        torch.set_num_threads(per_worker)  # each thread keeps its own intra-op count
         try:
             while True:
                 with cond:
