@@ -280,6 +280,30 @@ def test_ctrl_c_while_waiting_for_the_workers_raises_only_once_every_worker_stop
     assert torch.get_num_threads() == 1
 
 
+def test_ctrl_c_while_the_workers_start_raises_only_once_every_worker_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Ctrl-C right after the first worker starts, before the second: a started worker
+    # must not be left running (it trained on past the interpreter's shutdown: SIGABRT).
+    main = threading.get_ident()
+    start = threading.Thread.start
+    started: list[threading.Thread] = []
+
+    def start_then_interrupt(self: threading.Thread) -> None:
+        start(self)
+        started.append(self)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    def step(env: int, b: int, item: object) -> None:
+        time.sleep(0.3)
+
+    monkeypatch.setattr(threading.Thread, "start", start_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        run_env_steps(2, 2, [0, 1], lambda: None, step, lambda env, tail: env)
+    monkeypatch.undo()
+    assert started and [t for t in started if t.is_alive()] == []
+
+
 def test_workers_default_to_torch_threads_at_most_one_per_env() -> None:
     torch.set_num_threads(2)
     assert resolve_workers(None, 4) == 2
