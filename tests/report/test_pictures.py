@@ -471,3 +471,24 @@ def test_timeline_callback_warns_of_a_picture_it_could_not_draw_and_goes_on(
     with pytest.warns(UserWarning, match=r"TimelineCallback: drawing .*rollout0000\.png failed"):
         callback.teardown(trainer, module, "fit")  # type: ignore[arg-type]
     assert callback.written == []
+
+
+def test_timeline_callback_finishes_its_pictures_when_the_run_is_interrupted(
+    rollout, tmp_path: Path
+) -> None:
+    # Lightning's Ctrl-C path calls on_exception, not teardown: pictures asked for are
+    # still written and the helper process stopped.
+    steps, _ = rollout
+    callback = TimelineCallback(every_n_updates=1)
+    trainer = bare_trainer(tmp_path, callback, logger=CSVLogger(tmp_path))
+    module = SimpleNamespace(env=SimpleNamespace(slot_ids=("stage0", "stage1")))
+    callback.setup(trainer, module, "fit")  # type: ignore[arg-type]
+    callback.on_rollout_start(trainer, module, 0)  # type: ignore[arg-type]
+    for s in steps:
+        callback.on_env_step(trainer, module, s)  # type: ignore[arg-type]
+    callback.on_rollout_end(trainer, module, summary_for(steps, 0))  # type: ignore[arg-type]
+    helper = callback._drawer._process  # type: ignore[union-attr]
+    callback.on_exception(trainer, module, KeyboardInterrupt())  # type: ignore[arg-type]
+    assert [p.name for p in callback.written] == ["timeline_rollout0000.png"]
+    assert callback.written[0].is_file()
+    assert helper is not None and helper.poll() is not None  # the helper has exited

@@ -87,10 +87,19 @@ class TimelineCallback(EsperCallback):
         self._last_rollout = max_epochs - 1 if max_epochs is not None and max_epochs > 0 else None
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        # Every picture asked for is written and logged before the run ends (also after
-        # Ctrl-C or a failure: what was drawn is kept).
         self._steps = []
         self._enabled = None
+        self._finish_drawing(trainer)
+
+    def on_exception(
+        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
+    ) -> None:
+        # Lightning's Ctrl-C path does not reach teardown: the pictures asked for are
+        # finished and the helper stopped here too.
+        self._finish_drawing(trainer)
+
+    def _finish_drawing(self, trainer: Trainer) -> None:
+        """Write and log every picture asked for, then stop the helper process."""
         drawer, self._drawer = self._drawer, None
         if drawer is None:
             return

@@ -203,11 +203,12 @@ def run_env_steps(
                 plan.fail(exc)
 
     threads = [threading.Thread(target=work, daemon=True) for _ in range(workers)]
-    with intra_op_threads(1):
+    started: list[threading.Thread] = []
+    with intra_op_threads(1), _ctrl_c_stops(plan):
         try:
-            with _interrupts_deferred():
-                for thread in threads:
-                    thread.start()
+            for thread in threads:
+                thread.start()
+                started.append(thread)
             for batch in batches:
                 with cond:
                     if plan.error is not None:
@@ -224,47 +225,41 @@ def run_env_steps(
             with cond:
                 plan.fail(exc)
         finally:
-            _join_all(threads, plan)
+            for thread in started:
+                thread.join()
     if plan.error is not None:
         raise plan.error
     return plan.results  # type: ignore[return-value]
 
 
 @contextmanager
-def _interrupts_deferred() -> Iterator[None]:
-    """Hold SIGINT back while the workers start; a Ctrl-C then arrives once they all run.
+def _ctrl_c_stops(plan: _Schedule[Any, Any, Any]) -> Iterator[None]:
+    """While the workers run, Ctrl-C stops the schedule instead of raising where it lands.
 
-    ``Thread.start`` waits for the new thread to say it started, and a KeyboardInterrupt
-    raised in that wait leaves a thread running that is not yet joinable: it went on
-    training past the interpreter's shutdown and aborted the process (seen in 1 of 5
-    Ctrl-Cs of `esper fit`, in a worker's SGD step). Blocked, the signal stays pending
-    and is delivered when the mask is restored, inside the caller's ``try``. Threads
-    started meanwhile inherit the mask, so SIGINT reaches the calling thread only.
+    A KeyboardInterrupt raised in the calling thread could leave a worker running past
+    the interpreter's shutdown, which then aborts the process (``terminate called without
+    an active exception``, SIGABRT): raised inside ``Thread.start``, before the new thread
+    is joinable, or inside ``Thread.join``, whose interrupted wait (CPython 3.11) can mark
+    a running thread stopped so that nothing waits for it. Both were seen in ``esper fit``
+    under Ctrl-C. So SIGINT's handler here only records the interrupt as the schedule's
+    error: each worker finishes the step it is in and takes no other, the calling thread
+    joins them all, and :func:`run_env_steps` raises the KeyboardInterrupt. Only where
+    Python's own handler is installed and in the main thread (where handlers run); a
+    program's own SIGINT handler is left alone.
     """
-    if not hasattr(signal, "pthread_sigmask"):  # no POSIX signal masks (Windows)
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+    def stop(signum: int, frame: object) -> None:
+        with plan.cond:  # a re-entrant lock: safe where the interrupted code holds it
+            plan.fail(KeyboardInterrupt())
+
+    signal.signal(signal.SIGINT, stop)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-def _join_all(threads: list[threading.Thread], plan: _Schedule[Any, Any, Any]) -> None:
-    """Wait for every worker, even through Ctrl-C.
-
-    A KeyboardInterrupt can land in the calling thread while it waits here. Leaving then
-    would let the process exit with workers still inside torch ops, and a daemon thread
-    ended at interpreter shutdown unwinds through C++ frames: ``terminate called without
-    an active exception`` and SIGABRT instead of a clean exit. So the interrupt stops the
-    schedule (each worker finishes the step it is in and takes no other) and the waiting
-    goes on; :func:`run_env_steps` raises it once every worker is done.
-    """
-    for thread in threads:
-        while thread.is_alive():
-            try:
-                thread.join()
-            except BaseException as exc:
-                with plan.cond:
-                    plan.fail(exc)
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -1,0 +1,173 @@
+"""Host training on one device: host steps/s and how busy the device is, by env count.
+
+For each host (``predecessor``: esper-lite's ``cifar_baseline``, channels 8, 16, 32, one
+conv a stage, 16 images per env step; ``gpu``: channels 32, 64, 128, two convs a stage, 64
+images per env step) and each ``--n-envs``, it builds that many fresh
+:class:`~esper.kasmina.GrowingHost` s on ``--device`` and trains them with
+:func:`esper.tolaria.epoch.run_epoch` on random 3x32x32 images in 10 classes, as a rollout
+trains them (every env on its share of each batch, then the fused validation with
+counterfactual replicas). One warm-up epoch, then ``--epochs`` timed epochs:
+
+* ``host steps/s``: env training steps (envs x batches) per second of wall, the device
+  synchronised before and after;
+* ``ms / host step``: its inverse;
+* ``device busy``: on CUDA, the share of one more epoch's wall during which a kernel ran
+  (the union of kernel intervals from ``torch.profiler``, so overlapping streams count
+  once); ``n/a`` on a CPU.
+
+It prints one table for benchmarks/README. On one H100 the defaults take about two
+minutes; ``--n-envs 2 --epochs 1 --train-images 64`` runs it in seconds on a CPU.
+
+Usage: ``python benchmarks/gpu.py [--device cuda] [--n-envs 4 16 64] [--epochs 2]
+[--hosts predecessor gpu]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from esper.kasmina import GrowingHost
+from esper.kasmina.hosts.cnn import CNNHost
+from esper.tolaria.epoch import run_epoch
+
+#: The hosts of issue 35: esper-lite's and one sized for a GPU.
+HOSTS: dict[str, dict[str, Any]] = {
+    "predecessor": {"channels": (8, 16, 32), "convs_per_stage": 1, "images_per_env_step": 16},
+    "gpu": {"channels": (32, 64, 128), "convs_per_stage": 2, "images_per_env_step": 64},
+}
+IMAGE_SHAPE = (3, 32, 32)
+CLASSES = 10
+#: Validation images, as issue 35's work (1 000 train / 200 validation).
+VAL_IMAGES = 200
+
+
+def make_batches(
+    n_envs: int, per_env: int, train_images: int, device: torch.device
+) -> tuple[list[tuple[Tensor, Tensor]], list[tuple[Tensor, Tensor]]]:
+    """Random train batches of ``per_env`` images for each env (``train_images`` per env
+    in all) and the validation batches, already on ``device``."""
+    generator = torch.Generator().manual_seed(0)
+
+    def batch(n: int) -> tuple[Tensor, Tensor]:
+        x = torch.randn(n, *IMAGE_SHAPE, generator=generator)
+        y = torch.randint(0, CLASSES, (n,), generator=generator)
+        return x.to(device), y.to(device)
+
+    steps = max(1, train_images // per_env)
+    train = [batch(per_env * n_envs) for _ in range(steps)]
+    val = [batch(VAL_IMAGES)]
+    return train, val
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def busy_share(run: Any, device: torch.device) -> float | None:
+    """The share of ``run()``'s wall during which a kernel ran on ``device`` (CUDA only)."""
+    if device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        tick = time.perf_counter()
+        run()
+        synchronize(device)
+        wall_us = (time.perf_counter() - tick) * 1e6
+    intervals = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    )
+    busy, end = 0.0, float("-inf")
+    for start, stop in intervals:  # union of intervals: overlapping kernels count once
+        if stop <= end:
+            continue
+        busy += stop - max(start, end)
+        end = stop
+    return min(1.0, busy / wall_us) if wall_us > 0 else None
+
+
+def measure(
+    host: str, n_envs: int, args: argparse.Namespace, device: torch.device
+) -> dict[str, Any]:
+    spec = HOSTS[host]
+    torch.manual_seed(0)
+    envs = [
+        GrowingHost(
+            CNNHost(
+                input_shape=IMAGE_SHAPE,
+                n_classes=CLASSES,
+                channels=spec["channels"],
+                convs_per_stage=spec["convs_per_stage"],
+            ).to(device)
+        )
+        for _ in range(n_envs)
+    ]
+    train, val = make_batches(n_envs, spec["images_per_env_step"], args.train_images, device)
+
+    def epoch() -> None:
+        run_epoch(envs, train, val)
+
+    epoch()  # warm-up: allocator, cuDNN autotuning, first launches
+    synchronize(device)
+    tick = time.perf_counter()
+    for _ in range(args.epochs):
+        epoch()
+    synchronize(device)
+    wall = time.perf_counter() - tick
+    steps = n_envs * len(train) * args.epochs
+    return {
+        "host": host,
+        "n_envs": n_envs,
+        "steps_per_s": steps / wall,
+        "ms_per_step": wall / steps * 1e3,
+        "busy": busy_share(epoch, device),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    default_device = "cuda" if torch.cuda.is_available() else "cpu"
+    parser.add_argument("--device", default=default_device)
+    parser.add_argument("--n-envs", type=int, nargs="+", default=[4, 16, 64])
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--hosts", nargs="+", default=list(HOSTS), choices=list(HOSTS))
+    parser.add_argument("--train-images", type=int, default=1000, help="per env per epoch")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(
+        f"host training on {name} ({device}), torch {torch.__version__}, "
+        f"{args.epochs} timed epoch(s) of {args.train_images} images per env, "
+        f"threads {torch.get_num_threads()}",
+        flush=True,
+    )
+    rows = []
+    for host in args.hosts:
+        for n_envs in args.n_envs:
+            rows.append(measure(host, n_envs, args, device))
+            row = rows[-1]
+            print(
+                f"  {host:<12} {n_envs:>3} envs done: {row['steps_per_s']:.0f} steps/s", flush=True
+            )
+    print()
+    print("| host | envs | host steps/s | ms / host step | device busy |")
+    print("|---|---:|---:|---:|---:|")
+    for row in rows:
+        busy = "n/a" if row["busy"] is None else f"{row['busy']:.1%}"
+        print(
+            f"| {row['host']} | {row['n_envs']} | {row['steps_per_s']:.0f} | "
+            f"{row['ms_per_step']:.2f} | {busy} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
