@@ -81,18 +81,24 @@ def busy_share(run: Any, device: torch.device) -> float | None:
         run()
         synchronize(device)
         wall_us = (time.perf_counter() - tick) * 1e6
-    intervals = sorted(
+    intervals = [
         (e.time_range.start, e.time_range.end)
         for e in prof.events()
         if e.device_type == torch.autograd.DeviceType.CUDA
-    )
+    ]
+    return min(1.0, covered(intervals) / wall_us) if wall_us > 0 else None
+
+
+def covered(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` intervals: kernels that overlap (several
+    streams) count once."""
     busy, end = 0.0, float("-inf")
-    for start, stop in intervals:  # union of intervals: overlapping kernels count once
+    for start, stop in sorted(intervals):
         if stop <= end:
             continue
         busy += stop - max(start, end)
         end = stop
-    return min(1.0, busy / wall_us) if wall_us > 0 else None
+    return busy
 
 
 def measure(

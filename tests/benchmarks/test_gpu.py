@@ -1,0 +1,31 @@
+"""``benchmarks/gpu.py``: its busy share counts overlapping kernels once; it runs on a CPU."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.benchmarks.loading import load_benchmark
+
+gpu = load_benchmark("gpu")
+
+
+def test_covered_time_is_the_union_of_the_kernel_intervals() -> None:
+    assert gpu.covered([]) == 0.0
+    assert gpu.covered([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)]) == 4.0  # overlap once
+    assert gpu.covered([(0.0, 10.0), (2.0, 3.0)]) == 10.0  # nested
+    assert gpu.covered([(4.0, 5.0), (0.0, 1.0)]) == 2.0  # any order
+
+
+def test_on_a_cpu_it_prints_steps_per_second_and_no_busy_share(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["gpu.py", "--device", "cpu", "--n-envs", "2", "--epochs", "1"]
+    argv += ["--train-images", "32", "--hosts", "predecessor"]
+    monkeypatch.setattr(sys, "argv", argv)
+    gpu.main()
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| pred")]
+    assert len(rows) == 1 and rows[0].endswith("| n/a |"), rows
+    steps_per_s = float(rows[0].split("|")[3])
+    assert steps_per_s > 0
