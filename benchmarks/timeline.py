@@ -24,43 +24,25 @@ import time
 from pathlib import Path
 
 import torch
+from rollout import build
 
 from esper.contracts.rollout import StepBatch
 from esper.report.drawer import PROTOCOL, BackgroundDrawer, Job
 from esper.report.timeline import render_timeline
-from esper.simic.buffer import RolloutBuffer
-from esper.simic.env import MorphogeneticVecEnv
-from esper.simic.env_config import EnvConfig
-from esper.simic.normalizer import RunningObsNormalizer
-from esper.simic.ppo import PPOConfig
-from esper.simic.rollout import RolloutCollector
-from esper.tamiyo.policy import PolicyConfig, PolicyNetwork
-from esper.tolaria.data import DATAMODULES
+from esper.tolaria.data.digits import DEFAULT_BATCH_SIZE
 
 
 def one_rollout(n_envs: int, episode_epochs: int) -> tuple[list[StepBatch], list[str]]:
-    """The host-side step batches of one rollout of a fresh policy, and the slot names."""
+    """The host-side step batches of one rollout of a fresh policy (the collector
+    ``benchmarks/rollout.py`` times), and the slot names."""
     torch.manual_seed(0)
-    env = MorphogeneticVecEnv(
-        EnvConfig(n_envs=n_envs, episode_epochs=episode_epochs), DATAMODULES.get("digits")()
+    args = argparse.Namespace(
+        data="digits", batch_size=DEFAULT_BATCH_SIZE, episode_epochs=episode_epochs
     )
-    policy = PolicyNetwork(env.layout.dim, env.schema, PolicyConfig())
-    config = policy.config
-    buffer = RolloutBuffer(
-        n_envs,
-        env.decisions_per_episode,
-        env.layout.dim,
-        env.schema,
-        (config.lstm_layers, config.hidden_size),
-        env.device,
-    )
-    normalizer = RunningObsNormalizer(env.layout.dim)
-    collector = RolloutCollector(
-        env, policy, normalizer, buffer, PPOConfig.gamma, PPOConfig.gae_lambda
-    )
+    collector = build(n_envs, args, torch.device("cpu"))
     steps: list[StepBatch] = []
     collector.collect(0, on_step=steps.append)
-    return steps, [str(s) for s in env.slot_ids]
+    return steps, [str(s) for s in collector.env.slot_ids]
 
 
 def main() -> None:

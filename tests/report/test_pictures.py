@@ -456,18 +456,26 @@ def test_timeline_legend_names_each_thing_once_and_rows_as_slots() -> None:
     assert ticks == ["slot 0\n(host stage0)", "slot 1\n(host stage1)"]
 
 
-def test_timeline_callback_warns_of_a_picture_it_could_not_draw_and_goes_on(
-    rollout, tmp_path: Path
-) -> None:
-    steps, _ = rollout
+def one_drawn_rollout(
+    tmp_path: Path, steps: list[StepBatch], slot_ids: tuple[str, ...]
+) -> tuple[TimelineCallback, Trainer, SimpleNamespace]:
+    """A TimelineCallback that has handed rollout 0 to its helper, not yet collected."""
     callback = TimelineCallback(every_n_updates=1)
     trainer = bare_trainer(tmp_path, callback, logger=CSVLogger(tmp_path))
-    module = SimpleNamespace(env=SimpleNamespace(slot_ids=("only_one_slot",)))
+    module = SimpleNamespace(env=SimpleNamespace(slot_ids=slot_ids))
     callback.setup(trainer, module, "fit")  # type: ignore[arg-type]
     callback.on_rollout_start(trainer, module, 0)  # type: ignore[arg-type]
     for s in steps:
         callback.on_env_step(trainer, module, s)  # type: ignore[arg-type]
     callback.on_rollout_end(trainer, module, summary_for(steps, 0))  # type: ignore[arg-type]
+    return callback, trainer, module
+
+
+def test_timeline_callback_warns_of_a_picture_it_could_not_draw_and_goes_on(
+    rollout, tmp_path: Path
+) -> None:
+    steps, _ = rollout
+    callback, trainer, module = one_drawn_rollout(tmp_path, steps, ("only_one_slot",))
     with pytest.warns(UserWarning, match=r"TimelineCallback: drawing .*rollout0000\.png failed"):
         callback.teardown(trainer, module, "fit")  # type: ignore[arg-type]
     assert callback.written == []
@@ -479,14 +487,7 @@ def test_timeline_callback_finishes_its_pictures_when_the_run_is_interrupted(
     # Lightning's Ctrl-C path calls on_exception, not teardown: pictures asked for are
     # still written and the helper process stopped.
     steps, _ = rollout
-    callback = TimelineCallback(every_n_updates=1)
-    trainer = bare_trainer(tmp_path, callback, logger=CSVLogger(tmp_path))
-    module = SimpleNamespace(env=SimpleNamespace(slot_ids=("stage0", "stage1")))
-    callback.setup(trainer, module, "fit")  # type: ignore[arg-type]
-    callback.on_rollout_start(trainer, module, 0)  # type: ignore[arg-type]
-    for s in steps:
-        callback.on_env_step(trainer, module, s)  # type: ignore[arg-type]
-    callback.on_rollout_end(trainer, module, summary_for(steps, 0))  # type: ignore[arg-type]
+    callback, trainer, module = one_drawn_rollout(tmp_path, steps, ("stage0", "stage1"))
     helper = callback._drawer._process  # type: ignore[union-attr]
     callback.on_exception(trainer, module, KeyboardInterrupt())  # type: ignore[arg-type]
     assert [p.name for p in callback.written] == ["timeline_rollout0000.png"]
