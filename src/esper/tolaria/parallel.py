@@ -240,12 +240,13 @@ def _ctrl_c_stops(plan: _Schedule[Any, Any, Any]) -> Iterator[None]:
     the interpreter's shutdown, which then aborts the process (``terminate called without
     an active exception``, SIGABRT): raised inside ``Thread.start``, before the new thread
     is joinable, or inside ``Thread.join``, whose interrupted wait (CPython 3.11) can mark
-    a running thread stopped so that nothing waits for it. Both were seen in ``esper fit``
-    under Ctrl-C. So SIGINT's handler here only records the interrupt as the schedule's
-    error: each worker finishes the step it is in and takes no other, the calling thread
-    joins them all, and :func:`run_env_steps` raises the KeyboardInterrupt. Only where
-    Python's own handler is installed and in the main thread (where handlers run); a
-    program's own SIGINT handler is left alone.
+    a running thread stopped so that nothing waits for it. ``esper fit`` under Ctrl-C
+    aborted so with a worker still in its SGD step or backward at shutdown, in about 1 of
+    5 tries, while it joined through interrupts. So SIGINT's handler here only records the
+    interrupt as the schedule's error: each worker finishes the step it is in and takes no
+    other, the calling thread joins them all, and :func:`run_env_steps` raises the
+    KeyboardInterrupt. Only where Python's own handler is installed and in the main thread
+    (where handlers run); a program's own SIGINT handler is left alone.
     """
     if (
         threading.current_thread() is not threading.main_thread()
