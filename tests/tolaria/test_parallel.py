@@ -259,6 +259,18 @@ def test_a_step_error_stops_every_worker_and_is_raised() -> None:
     assert torch.get_num_threads() == 1
 
 
+@pytest.fixture
+def python_sigint() -> Iterator[None]:
+    """Python's own SIGINT handler (KeyboardInterrupt), as a terminal's process has it; a
+    shell that starts jobs in the background (CI runners) hands them SIGINT ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("python_sigint")
 def test_ctrl_c_while_waiting_for_the_workers_raises_only_once_every_worker_stopped() -> None:
     # The interrupt lands on the calling thread while it joins the workers (SIGINT sent to
     # that thread, as a terminal's Ctrl-C reaches it). Leaving with workers still inside
@@ -280,6 +292,7 @@ def test_ctrl_c_while_waiting_for_the_workers_raises_only_once_every_worker_stop
     assert torch.get_num_threads() == 1
 
 
+@pytest.mark.usefixtures("python_sigint")
 def test_ctrl_c_while_the_workers_start_raises_only_once_every_worker_stopped(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

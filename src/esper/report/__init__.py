@@ -14,13 +14,28 @@ Drawn with matplotlib on its Agg canvas; no global backend state is changed.
 
 from __future__ import annotations
 
-from esper.report.curves import (
-    LEARNING_CURVE_FILE,
-    LEARNING_CURVE_SIZE,
-    render_learning_curve,
-    report,
-)
-from esper.report.timeline import STAGE_COLOURS, TIMELINE_SIZE, render_timeline
+import importlib
+from typing import Any
+
+#: Where each name lives. Imported on first use: the timeline helper process
+#: (``esper.report.drawer``) needs matplotlib but not the curves' statistics (scipy),
+#: and starts half a second sooner without them.
+_HOMES = {
+    "LEARNING_CURVE_FILE": "esper.report.curves",
+    "LEARNING_CURVE_SIZE": "esper.report.curves",
+    "render_learning_curve": "esper.report.curves",
+    "report": "esper.report.curves",
+    "STAGE_COLOURS": "esper.report.timeline",
+    "TIMELINE_SIZE": "esper.report.timeline",
+    "render_timeline": "esper.report.timeline",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'esper.report' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)
+
 
 __all__ = [
     "LEARNING_CURVE_FILE",
