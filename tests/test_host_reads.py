@@ -117,3 +117,50 @@ def test_device_to_host_copies_are_counted_and_uploads_are_not() -> None:
         torch.ones(4).to("cuda", non_blocking=True)
         t.tolist()
     assert counter.count == 3, counter.report()
+
+
+@pytest.mark.parametrize("name", sorted(READS))
+def test_each_read_in_a_host_worker_thread_is_counted_once(name: str) -> None:
+    from esper.tolaria.parallel import run_env_steps
+
+    t = torch.arange(4.0)
+
+    def step(env: int, b: int, item: object) -> None:
+        READS[name](t)
+
+    with HostReadCounter() as counter:
+        run_env_steps(2, 2, [0], lambda: None, step, lambda env, tail: env)
+    assert counter.count == 2, counter.report()  # one read per env's step, both workers
+
+
+def test_a_plain_thread_is_not_seen_by_the_dispatch_layer_without_joining() -> None:
+    # The negative control: dispatch modes are per thread, so the worker threads' reads
+    # above are counted only because the workers extend the counter to themselves.
+    import threading
+
+    from esper.host_reads import counting_in_this_thread
+
+    t = torch.arange(4.0)
+
+    def mask_read() -> None:
+        t[t > 1]  # a boolean-mask index: an aten read the method wrappers never see
+
+    def joined() -> None:
+        with counting_in_this_thread():
+            mask_read()
+
+    with HostReadCounter() as counter:
+        for target in (mask_read, joined):
+            thread = threading.Thread(target=target)
+            thread.start()
+            thread.join()
+    assert counter.count == 1, counter.report()  # the joined thread's read only
+
+
+def test_counting_in_a_thread_with_no_counter_active_does_nothing() -> None:
+    from esper.host_reads import counting_in_this_thread
+
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    with counting_in_this_thread():
+        assert _get_current_dispatch_mode() is None  # no counter: no mode in the way

@@ -16,7 +16,8 @@ Two layers, because neither alone sees everything:
   ``cpu()`` of a CPU tensor is a no-op) but are host reads on a GPU.
 
 On a CPU-only machine every such call is counted, device or not: the CPU run is the proxy
-for the GPU run, so a read that would sync on CUDA must show up here.
+for the GPU run, so a read that would sync on CUDA must show up here. Dispatch modes are
+per thread: threads that run hot-path work enter :func:`counting_in_this_thread`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from __future__ import annotations
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any, ClassVar
@@ -215,6 +217,36 @@ class HostReadCounter(TorchDispatchMode):
         for method, original in self._originals.items():
             setattr(torch.Tensor, method, original)
         self._originals.clear()
+
+
+class _ThreadMode(TorchDispatchMode):
+    """A counter's dispatch layer in one more thread (see :func:`counting_in_this_thread`)."""
+
+    def __init__(self, counter: HostReadCounter) -> None:
+        super().__init__()
+        self._counter = counter
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        return self._counter.__torch_dispatch__(func, types, args, kwargs)
+
+
+@contextmanager
+def counting_in_this_thread() -> Iterator[None]:
+    """Extend every active :class:`HostReadCounter` to the calling thread for the block.
+
+    Torch keeps dispatch modes per thread, so a counter entered on the main thread does
+    not see the aten reads (a boolean-mask index, ``nonzero``) made in a worker thread;
+    its method wrappers are process-wide and see the rest. Code that runs hot-path work
+    in threads of its own (``esper.tolaria.parallel``'s host workers) wraps each thread's
+    work in this, so the rollout's zero-read tests cover it. Nothing happens where no
+    counter is active.
+    """
+    with HostReadCounter._active_lock:
+        active = list(HostReadCounter._active)
+    with ExitStack() as stack:
+        for counter in active:  # outermost first, as they nest on the main thread
+            stack.enter_context(_ThreadMode(counter))
+        yield
 
 
 def _has_bool_index(args: tuple[Any, ...]) -> bool:

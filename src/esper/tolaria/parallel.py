@@ -45,6 +45,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
+from esper.host_reads import counting_in_this_thread
 from esper.threads import intra_op_threads
 
 T = TypeVar("T")
@@ -177,6 +178,10 @@ def run_env_steps(
 
     def work() -> None:
         torch.set_num_threads(per_worker)  # each thread keeps its own intra-op count
+        with counting_in_this_thread():  # host-read counters see this thread's reads too
+            _work()
+
+    def _work() -> None:
         try:
             while True:
                 with cond:
