@@ -158,9 +158,9 @@ def test_a_plain_thread_is_not_seen_by_the_dispatch_layer_without_joining() -> N
 
 
 def test_counting_in_a_thread_with_no_counter_active_does_nothing() -> None:
-    from esper.host_reads import counting_in_this_thread
-
     from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    from esper.host_reads import counting_in_this_thread
 
     with counting_in_this_thread():
         assert _get_current_dispatch_mode() is None  # no counter: no mode in the way

@@ -43,9 +43,8 @@ def test_threads_and_processes_train_what_the_sequential_pure_compute_trains() -
         torch.set_num_threads(previous)
 
     bench.threads_fixed_split(in_threads, train, val, 2, workers=2)
-    seconds, states = bench.processes_fixed_split(epochs, train, val, 2, 2, send_hosts=True)
+    _, states = bench.processes_fixed_split(epochs, train, val, 2, 2, send_hosts=True)
 
-    assert seconds > 0.0
     for e, hosts in enumerate(sequential):
         for i, host in enumerate(hosts):
             _same(host.model.state_dict(), in_threads[e][i].model.state_dict())
