@@ -155,12 +155,24 @@ def test_a_rollout_with_workers_equals_the_sequential_rollout(
     assert_same_hosts(col_a.env.hosts, col_b.env.hosts)
 
 
-def test_a_worker_error_is_raised_after_every_worker_stopped() -> None:
+def test_a_worker_error_is_raised_after_every_worker_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     envs = cnn_envs()
     train, val = image_loaders()
     bad = [(torch.randn(16, 3, 8, 8), torch.zeros(16, dtype=torch.long))]  # wrong channels
-    with pytest.raises((ValueError, RuntimeError)):
+    workers: set[threading.Thread] = set()
+    step = epoch._train_env_on_batch
+
+    def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
+        workers.add(threading.current_thread())
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(epoch, "_train_env_on_batch", recording)
+    with pytest.raises(ValueError, match=r"CNNHost expects images shaped \[batch, 1, 8, 8\]"):
         run_epoch(envs, bad, val, cpu_workers=2)
+    assert workers and not any(t.is_alive() for t in workers)
+    assert threading.main_thread() not in workers  # it was the workers that failed
     assert torch.get_num_threads() == 1
     run_epoch(envs, train, val, cpu_workers=2)  # the envs still train afterwards
 
@@ -189,8 +201,10 @@ def test_a_failing_loader_stops_the_workers_and_its_error_is_raised() -> None:
         yield next(iter(train))
         raise RuntimeError("DataLoader worker (pid 1) is killed by signal")
 
+    before = set(threading.enumerate())
     with pytest.raises(RuntimeError, match="DataLoader worker"):
-        _count_steps(3, 2, failing())
+        run_env_steps(3, 2, failing(), lambda: None, lambda *_: None, lambda env, tail: env)
+    assert set(threading.enumerate()) <= before  # no worker left running
     assert torch.get_num_threads() == 1
     counts, seen = _count_steps(3, 2, list(range(5)))
     assert counts == [5, 5, 5]
@@ -250,12 +264,17 @@ def test_batches_of_unknown_length_are_scheduled_too() -> None:
 
 
 def test_a_step_error_stops_every_worker_and_is_raised() -> None:
+    steps: list[threading.Thread] = []
+
     def step(env: int, b: int, item: object) -> None:
+        steps.append(threading.current_thread())
         if env == 2 and b == 1:
             raise ValueError("env 2 failed")
 
     with pytest.raises(ValueError, match="env 2 failed"):
         run_env_steps(4, 2, range(100), lambda: None, step, lambda env, tail: env)
+    assert steps and not any(t.is_alive() for t in steps)
+    assert len(steps) < 4 * 100  # the schedule stopped: the other envs did not go on
     assert torch.get_num_threads() == 1
 
 
