@@ -1,8 +1,8 @@
 """Advantages relative to the other envs of a rollout that started from the same host.
 
 When every env of a rollout starts from the same host weights and sees the same batches
-(``EnvConfig.shared_host_init``; the batches are shared already), two envs whose policy
-acted alike train alike. What the critic cannot predict (how well this host happens to
+(``EnvConfig.paired``, which ``PPOConfig.paired_envs`` sets; the batches are shared
+already), two envs whose policy acted alike train alike. What the critic cannot predict (how well this host happens to
 train) is then common to all envs at a step, while what the policy did is not. Taking
 each env's advantage minus the mean of the *other* envs' at the same step cancels the
 common part and keeps the part the actions caused: a leave-one-out baseline, as in

@@ -1,6 +1,6 @@
 """The rollout loop: one episode in every env, one packed device-to-host read per host epoch.
 
-Per host epoch (DESIGN, "One environment step"): the envs train (``run_epoch``), the
+Per host epoch (one environment step): the envs train (``run_epoch``), the
 observation and masks are built on the device, the policy acts for all envs in one
 forward, and a single packed tensor (actions, log-probs, values, host metrics, the panic
 signal) comes back to the host. Python then lets the governor steer, closes the previous

@@ -1,6 +1,6 @@
 """Action masks for all envs at once, from the lifecycle state Python already holds.
 
-The rules, per DESIGN: WAIT is always legal. GERMINATE needs a DORMANT slot and a
+The rules: WAIT is always legal. GERMINATE needs a DORMANT slot and a
 blueprint that fits that slot and keeps the env under its parameter budget. ADVANCE is
 the policy's only for FOSSILIZE: a HOLDING seed that has held for ``min_holding_epochs``
 (the clock takes seeds from GERMINATED to HOLDING by itself, see
