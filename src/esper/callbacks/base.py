@@ -18,7 +18,7 @@ the rollout hooks.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import Callback
 
@@ -26,6 +26,19 @@ from esper.contracts.rollout import RolloutSummary, StepBatch
 
 if TYPE_CHECKING:
     from lightning.pytorch import LightningModule, Trainer
+
+
+def check_state_version(owner: str, state_dict: dict[str, Any], reads: int) -> None:
+    """Refuse a callback state written by another version of its layout, saying what to do.
+
+    ``owner`` names the callback in the message; ``reads`` is the version this code reads.
+    """
+    version = state_dict.get("version")
+    if version != reads:
+        raise ValueError(
+            f"{owner} state has version {version!r}, this code reads {reads}; resume with "
+            "the esper version that wrote the checkpoint"
+        )
 
 
 class EsperCallback(Callback):

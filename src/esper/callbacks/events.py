@@ -41,7 +41,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from esper.callbacks.base import EsperCallback
+from esper.callbacks.base import EsperCallback, check_state_version
 from esper.callbacks.profiles import BLUEPRINT_KINDS, PROFILE_NORMAL, check_profile
 from esper.contracts.rollout import LifecycleEvent, RolloutSummary, StepBatch
 
@@ -184,12 +184,7 @@ class EventLogCallback(EsperCallback):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        version = state_dict.get("version")
-        if version != _STATE_VERSION:
-            raise ValueError(
-                f"{type(self).__name__} state has version {version!r}, this code reads "
-                f"{_STATE_VERSION}; resume with the esper version that wrote the checkpoint"
-            )
+        check_state_version(type(self).__name__, state_dict, _STATE_VERSION)
         self.events_written = int(state_dict["events_written"])
         self.events_by_kind = {k: int(v) for k, v in state_dict["events_by_kind"].items()}
         self.blueprint_counts = {

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from esper.callbacks.base import EsperCallback
+from esper.callbacks.base import EsperCallback, check_state_version
 from esper.callbacks.profiles import BLUEPRINT_KINDS, PROFILE_NORMAL, check_profile
 from esper.contracts.actions import HEAD_NAMES
 from esper.contracts.ops import LifecycleOp
@@ -142,12 +142,7 @@ class MetricsCallback(EsperCallback):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        version = state_dict.get("version")
-        if version != _STATE_VERSION:
-            raise ValueError(
-                f"{type(self).__name__} state has version {version!r}, this code reads "
-                f"{_STATE_VERSION}; resume with the esper version that wrote the checkpoint"
-            )
+        check_state_version(type(self).__name__, state_dict, _STATE_VERSION)
         self.blueprint_totals = {
             bp: {k: int(v) for k, v in counts.items()}
             for bp, counts in state_dict["blueprint_totals"].items()

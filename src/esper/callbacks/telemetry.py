@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from esper.callbacks.base import EsperCallback
+from esper.callbacks.base import EsperCallback, check_state_version
 from esper.callbacks.events import EventLogCallback, check_events_file
 from esper.callbacks.metrics import MetricsCallback, check_histogram_every
 from esper.callbacks.profiles import PROFILE_NORMAL, check_profile
@@ -121,11 +121,7 @@ class TelemetryCallback(EsperCallback):
                 }
             )
             return
-        if version != _STATE_VERSION:
-            raise ValueError(
-                f"TelemetryCallback state has version {version!r}, this code reads "
-                f"{_STATE_VERSION}; resume with the esper version that wrote the checkpoint"
-            )
+        check_state_version("TelemetryCallback", state_dict, _STATE_VERSION)
         self.events.load_state_dict(state_dict["events"])
         self.metrics.load_state_dict(state_dict["metrics"])
 

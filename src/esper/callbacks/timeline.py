@@ -27,7 +27,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from esper.callbacks.base import EsperCallback
+from esper.callbacks.base import EsperCallback, check_state_version
 from esper.contracts.rollout import RolloutSummary, StepBatch
 
 if TYPE_CHECKING:
@@ -118,12 +118,7 @@ class TimelineCallback(EsperCallback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # Nothing to restore: the schedule follows the rollout index, and the config given
         # to this instance wins over the one the checkpoint recorded.
-        version = state_dict.get("version")
-        if version != _STATE_VERSION:
-            raise ValueError(
-                f"TimelineCallback state has version {version!r}, this code reads "
-                f"{_STATE_VERSION}; resume with the esper version that wrote the checkpoint"
-            )
+        check_state_version("TimelineCallback", state_dict, _STATE_VERSION)
 
     # ------------------------------------------------------------ rollout hooks
     def draws(self, rollout: int) -> bool:

@@ -22,8 +22,7 @@ from esper.contracts.actions import N_HEADS
 from esper.simic.gae import compute_gae
 from esper.simic.ppo_batch import PPOBatch
 from esper.tamiyo.action_masks import ActionMasks
-
-LSTMState = tuple[Tensor, Tensor]
+from esper.tamiyo.policy import LSTMState
 
 #: The per-step ``[E, T, ...]`` tensors of a transition (the masks aside), moved together.
 _STEP_FIELDS = (
