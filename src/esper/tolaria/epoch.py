@@ -6,6 +6,11 @@ finite-gradient flags accumulate in device tensors that the caller reads once, i
 step's single packed transfer; sample counts come from shapes, which Python already knows.
 
 Shapes: ``E`` envs, ``S`` slots per host (every env runs the same host architecture).
+
+Its parts live beside it: each env's running sums (``esper.tolaria.accumulators``), the
+compiled forward (``esper.tolaria.compiled``), the CPU worker threads
+(``esper.tolaria.parallel``), the per-env CUDA streams (``esper.tolaria.streams``) and the
+fused validation (``esper.tolaria.counterfactual``).
 """
 
 from __future__ import annotations
@@ -15,11 +20,18 @@ from contextlib import nullcontext
 from dataclasses import dataclass, fields
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from esper.kasmina.growing_host import GrowingHost
 from esper.kasmina.hosts.base import HostModel
-from esper.kasmina.incubation import IncubationPass, incubating_slots, recording_start
+from esper.kasmina.incubation import recording_start
+from esper.tolaria.accumulators import (
+    EnvAccumulator,
+    accumulator,
+    accumulators,
+    update_grad_flags,
+)
+from esper.tolaria.compiled import compiled_forward_loss, forward_loss
 from esper.tolaria.counterfactual import validate_with_counterfactuals
 from esper.tolaria.parallel import resolve_workers, run_env_steps
 from esper.tolaria.streams import env_streams as _env_streams
@@ -81,43 +93,6 @@ class EpochResult:
     def as_dict(self) -> dict[str, Tensor]:
         host_side = ("skipped_envs", "train_predictions")
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in host_side}
-
-
-@dataclass
-class _EnvAccumulator:
-    """One env's running sums, written only on that env's stream.
-
-    The seeds an epoch trains are listed once, at its start: lifecycle ops run between
-    epochs, never inside one. Each step then checks every seed gradient in three ops
-    (one ``_foreach_norm`` over them all) instead of a norm per slot: a step's Python
-    holds the interpreter lock that the worker threads share (``esper.tolaria.parallel``).
-    """
-
-    loss_sum: Tensor
-    correct: Tensor
-    loss_finite: Tensor
-    #: Slots of the host (``S``).
-    n_slots: int
-    #: Parameters of the seeds trained this epoch (slots with a seed optimizer).
-    seed_params: list[nn.Parameter]
-    #: Per slot with a trained seed: its index and its parameters' span in ``seed_params``.
-    seed_spans: list[tuple[int, slice]]
-    #: ``[len(seed_params)]`` bool: every gradient of that parameter was finite so far.
-    params_finite: Tensor
-    #: A finite stand-in for a parameter that got no gradient this step.
-    no_grad: Tensor
-    #: The seed-only pass of the seeds in TRAINING (None: no slot has one).
-    incubation: IncubationPass | None
-    seen: int = 0
-    #: Set when the env ran out of memory and sat out the rest of the epoch's training.
-    skipped: bool = False
-
-    def seed_grads_finite(self) -> Tensor:
-        """``[S]`` bool: every gradient of the slot's trained seed was finite this epoch."""
-        flags = torch.ones(self.n_slots, device=self.params_finite.device, dtype=torch.bool)
-        for s, span in self.seed_spans:
-            flags[s] = self.params_finite[span].all()
-        return flags
 
 
 def run_epoch(
@@ -186,7 +161,7 @@ def run_epoch(
             scalers.setdefault(env.device, torch.amp.GradScaler(env.device.type))
     options = _Options(
         on_oom=on_oom,
-        forward_loss=compiled_forward_loss() if compile else _forward_loss,
+        forward_loss=compiled_forward_loss() if compile else forward_loss,
         amp_dtype=amp_dtype,
         scalers=scalers if amp == "fp16" else None,
         paired_group=paired_group,
@@ -235,37 +210,10 @@ class _Options:
     compiled: bool = False
 
 
-def _accumulators(envs: Sequence[GrowingHost]) -> list[_EnvAccumulator]:
-    return [_accumulator(env) for env in envs]
-
-
-def _accumulator(env: GrowingHost) -> _EnvAccumulator:
-    params: list[nn.Parameter] = []
-    spans: list[tuple[int, slice]] = []
-    for s, slot_id in enumerate(env.slot_ids):
-        if slot_id in env.seed_optimizers:
-            mine = list(env.model.slot(slot_id).seed_parameters())
-            spans.append((s, slice(len(params), len(params) + len(mine))))
-            params.extend(mine)
-    device = env.device
-    incubating = incubating_slots(env.model)
-    return _EnvAccumulator(
-        loss_sum=torch.zeros((), device=device),
-        correct=torch.zeros((), device=device, dtype=torch.long),
-        loss_finite=torch.ones((), device=device, dtype=torch.bool),
-        n_slots=len(env.slot_ids),
-        seed_params=params,
-        seed_spans=spans,
-        params_finite=torch.ones(len(params), device=device, dtype=torch.bool),
-        no_grad=torch.zeros((), device=device),
-        incubation=IncubationPass(env.model, incubating) if incubating else None,
-    )
-
-
 def _train(
     envs: Sequence[GrowingHost], batches: Iterable[tuple[Tensor, Tensor]], options: _Options
-) -> list[_EnvAccumulator]:
-    accs = _accumulators(envs)
+) -> list[EnvAccumulator]:
+    accs = accumulators(envs)
     for env in envs:
         env.model.train()
     streams = _env_streams(envs)
@@ -282,10 +230,10 @@ def _train_and_validate_in_workers(
     options: _Options,
     workers: int,
     device: torch.device,
-) -> tuple[list[_EnvAccumulator], tuple[Tensor, Tensor, Tensor]]:
+) -> tuple[list[EnvAccumulator], tuple[Tensor, Tensor, Tensor]]:
     """CPU envs in ``workers`` threads, a training step at a time, each env validated
     once it has trained on every batch (``esper.tolaria.parallel.run_env_steps``)."""
-    accs = _accumulators(envs)
+    accs = accumulators(envs)
     for env in envs:
         env.model.train()
 
@@ -305,7 +253,7 @@ def _train_and_validate_in_workers(
 
 def _train_batches(
     envs: Sequence[GrowingHost],
-    accs: list[_EnvAccumulator],
+    accs: list[EnvAccumulator],
     batches: Iterable[tuple[Tensor, Tensor]],
     streams: list[torch.cuda.Stream | None],
     options: _Options,
@@ -326,7 +274,7 @@ def _train_batches(
 
 def _train_env_on_batch(
     envs: Sequence[GrowingHost],
-    accs: list[_EnvAccumulator],
+    accs: list[EnvAccumulator],
     i: int,
     b: int,
     batch: tuple[Tensor, Tensor],
@@ -365,43 +313,16 @@ def env_share(
     return x.tensor_split(shares)[share], y.tensor_split(shares)[share]
 
 
-def _forward_loss(model: HostModel, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-    """The host's forward and loss: the part of a train step worth compiling."""
-    loss, correct, _ = model.loss_and_correct(model(x), y)
-    return loss, correct
-
-
-#: Recompilations allowed per compiled function: each combination of slot stages is its
-#: own graph, and a host with several slots meets a few dozen combinations in a run.
-COMPILE_RECOMPILE_LIMIT = 128
-_compiled_forward_loss: Callable[[HostModel, Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
-
-
-def compiled_forward_loss() -> Callable[[HostModel, Tensor, Tensor], tuple[Tensor, Tensor]]:
-    """``torch.compile`` of :func:`_forward_loss`, built once and shared by every env.
-
-    Dynamo treats a module's parameters as inputs, so hosts of one architecture share the
-    compiled graphs; a slot changing stage selects (or compiles) another graph.
-    """
-    global _compiled_forward_loss
-    if _compiled_forward_loss is None:
-        torch._dynamo.config.recompile_limit = max(
-            torch._dynamo.config.recompile_limit, COMPILE_RECOMPILE_LIMIT
-        )
-        _compiled_forward_loss = torch.compile(_forward_loss)
-    return _compiled_forward_loss
-
-
 def train_step(env: GrowingHost, x: Tensor, y: Tensor) -> None:
     """One training step of one env on one batch, as ``run_epoch`` takes it (eager, full
     precision): the host's step, and the incubation pass of any seed in TRAINING."""
     env.model.train()
     with torch.enable_grad():  # callers may hold a no-grad context (the rollout loop does)
-        _train_step(env, _accumulator(env), x, y, _Options("raise", _forward_loss, None, None))
+        _train_step(env, accumulator(env), x, y, _Options("raise", forward_loss, None, None))
 
 
 def _train_step(
-    env: GrowingHost, acc: _EnvAccumulator, x: Tensor, y: Tensor, options: _Options
+    env: GrowingHost, acc: EnvAccumulator, x: Tensor, y: Tensor, options: _Options
 ) -> None:
     env.zero_grad()
     env.model.check_input(x)  # host-side shape check, outside any compiled graph
@@ -427,7 +348,7 @@ def _train_step(
             seed_loss = incubation.loss(x, y, start)
         (seed_loss if scaler is None else scaler.scale(seed_loss)).backward()
     if scaler is None:
-        _update_grad_flags(acc)
+        update_grad_flags(acc)
         env.step()
     else:
         # fp16: one GradScaler per device. Its step() reads the overflow flag on the host
@@ -435,7 +356,7 @@ def _train_step(
         optimizers = env.optimizers()
         for opt in optimizers:
             scaler.unscale_(opt)
-        _update_grad_flags(acc)
+        update_grad_flags(acc)
         for opt in optimizers:
             scaler.step(opt)
         scaler.update()
@@ -444,12 +365,3 @@ def _train_step(
     acc.correct.add_(correct)
     acc.loss_finite.logical_and_(torch.isfinite(loss))
     acc.seen += count
-
-
-def _update_grad_flags(acc: _EnvAccumulator) -> None:
-    """AND "this step's gradient is finite" into each trained seed parameter's flag, on
-    the device (a gradient is finite where its norm is)."""
-    if not acc.seed_params:
-        return
-    grads = [acc.no_grad if p.grad is None else p.grad for p in acc.seed_params]
-    acc.params_finite.logical_and_(torch.isfinite(torch.stack(torch._foreach_norm(grads))))
