@@ -104,3 +104,22 @@ def test_is_legal_checks_every_head_the_op_uses() -> None:
     assert not builder.is_legal(m, 0, np.array([LifecycleOp.GERMINATE, 1, 0, 0]))
     assert builder.is_legal(m, 0, np.array([LifecycleOp.ADVANCE, 1, 0, 0]))
     assert not builder.is_legal(m, 0, np.array([LifecycleOp.PRUNE, 0, 0, 0]))
+
+
+def test_the_env_builds_its_masks_once_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.simic.envs import small_env
+
+    env = small_env(2, 3)
+    env.reset()
+    calls: list[int] = []
+    build = MaskBuilder.build_numpy
+
+    def counting(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return build(self, *args, **kwargs)
+
+    monkeypatch.setattr(MaskBuilder, "build_numpy", counting)
+    _, masks = env.observe()
+    assert len(calls) == 1
+    for name, array in env._mask_arrays.items():  # the device masks are those arrays
+        assert np.array_equal(getattr(masks, name).cpu().numpy(), array), name

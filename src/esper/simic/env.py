@@ -258,7 +258,7 @@ class MorphogeneticVecEnv:
         seed_params = np.array([env.seed_params for env in envs], dtype=np.int64)
         epochs = self.epochs_in_stage()
         self._mask_arrays = self.masks.build_numpy(stages, seed_params, epochs)
-        masks = self.masks.build(stages, seed_params, epochs, self.device)
+        masks = self.masks.upload(self._mask_arrays, self.device)
         return obs, masks
 
     def _slot_state(self, host: GrowingHost, s: int) -> SlotState:

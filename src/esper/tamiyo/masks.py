@@ -85,7 +85,12 @@ class MaskBuilder:
         device: torch.device,
     ) -> ActionMasks:
         """The masks as device tensors (one non-blocking upload each, no host read)."""
-        arrays = self.build_numpy(stages, seed_params, epochs_in_stage)
+        return self.upload(self.build_numpy(stages, seed_params, epochs_in_stage), device)
+
+    def upload(self, arrays: dict[str, np.ndarray], device: torch.device) -> ActionMasks:
+        """:meth:`build_numpy`'s arrays as device tensors: for a caller that keeps the
+        host-side arrays too (the env checks actions against them), so the masks are
+        built once per step."""
         pin = torch.device(device).type == "cuda"
 
         def up(a: np.ndarray) -> torch.Tensor:
