@@ -24,6 +24,9 @@ ACC_RESOLUTION = 1 / 360
 #: Longest episode the default rent is sized for (see RewardConfig.param_penalty_weight).
 MAX_STEPS = 40
 SLOTS = 3
+#: How far two sums of per-step rewards may differ by rounding alone when they telescope
+#: over different accuracy paths to the same end (float64 sums of up to 40 steps).
+PATH_ROUNDING = 1e-6
 FAMILIES = ("shaped", "sparse")
 
 
@@ -133,7 +136,8 @@ def test_at_equal_final_accuracy_fewer_parameters_earn_at_least_as_much(
     lean = Episode([*a.acc[:-1], b.final], lean_params, *_rest(a))
     assert lean.final == b.final
     config = RewardConfig()
-    assert episode_return(lean, family, config) >= episode_return(b, family, config)
+    # Different paths sum different accuracy steps: equal up to float rounding.
+    assert episode_return(lean, family, config) >= episode_return(b, family, config) - PATH_ROUNDING
 
 
 def _rest(e: Episode) -> tuple[list[list[float]], list[list[bool]], list[bool]]:
