@@ -8,11 +8,9 @@ residual it will be once blended.
 Why not one pass with a straight-through term (``h + (delta - delta.detach())``, the
 earlier method): it hands the seed the gradient of a loss that is *linear* in the
 seed's output, so nothing bounds that output, and the first blending epochs then added
-an arbitrarily large perturbation to the host. Measured on digits (4,8,16 host,
-constant learning rate, a scripted controller planting conv_light in every slot, 8
-paired episodes): the epoch the first seed started blending, mean host accuracy fell 23
-points (0.88 to 0.65) with the straight-through term and 8 points (0.88 to 0.80) with
-this pass.
+an arbitrarily large perturbation to the host (benchmarks/README.md, "Design figures
+kept out of docstrings": the host's accuracy fell three times as far when the first seed
+started blending).
 
 Gradient isolation holds: the host's step comes from its ordinary forward, in which a
 TRAINING slot passes its input through unchanged, so the host's gradients are exactly
@@ -23,10 +21,9 @@ seeds' parameters get gradients, and only their own buffers update. It costs one
 forward and a seed-only backward per batch, and only while some slot of the host has a
 seed in TRAINING. The forward starts at the first incubating slot, from what reached it
 in the host's own forward of the same batch (:func:`recording_start`): the layers before
-it would compute exactly that again, since no optimiser has stepped in between. On the
-predecessor's CNN host at batch 16, one thread, this cut the pass from 6.0/4.8/4.5 ms to
-4.6/2.5/1.5 ms for a seed in its first/second/third slot, with bit-identical seed
-gradients.
+it would compute exactly that again, since no optimiser has stepped in between, so the
+seed gradients are bit-identical and the pass shorter the later the slot (figures in the
+same section of benchmarks/README.md).
 """
 
 from __future__ import annotations

@@ -17,17 +17,13 @@ Work is handed out a step at a time, not an env group at a time: an idle worker 
 whichever env is free and has its next batch drawn, trains it on that batch and puts it
 back. Envs cost different amounts (a seed in TRAINING adds an incubation pass, each
 contributing seed a validation replica), so fixed halves left one core waiting for the
-other: at 4 envs on 2 cores the slower worker was busy 8 to 10% longer than the mean.
-An idle worker takes the free env with the most work left, not the longest waiting:
-an env's steps run one after another, so the env that would finish last sets the
-epoch's end. Taken in turn, an env whose steps cost more (seeds in TRAINING, validation
-replicas) fell behind and trained, then validated, alone while the other cores waited:
-at 4 envs on 2 cores (the predecessor's host, 16 recorded epochs of about 300 ms) the
-workers' last tasks ended 26 ms apart on average, 78 ms at most, and the workers sat
-idle 4.6% of the time; taking the env with the most work left, 13 ms apart and 3.0%
-idle. Work left is estimated from the env's own steps so far this epoch
-(:data:`VALIDATION_STEPS` of them for its validation). The order in which envs are
-taken changes nothing in any env's results.
+other. An idle worker takes the free env with the most work left, not the longest
+waiting: an env's steps run one after another, so the env that would finish last sets
+the epoch's end, and an env whose steps cost more, taken in turn, fell behind and
+trained, then validated, alone while the other cores waited (figures: benchmarks/
+README.md, "Design figures kept out of docstrings"). Work left is estimated from the
+env's own steps so far this epoch (:data:`VALIDATION_STEPS` of them for its
+validation). The order in which envs are taken changes nothing in any env's results.
 The calling thread draws the loader's batches once, as the workers train (collation
 overlaps training), then the validation batches; a batch is let go once every env has
 trained on it.
