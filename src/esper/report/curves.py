@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from esper.report.timeline import check_size, figure_to_array, new_figure, write_png
-from esper.simic.statistics import clustered_mean, t_critical
+from esper.simic.statistics import clustered_mean
 
 #: Default ``(width, height)`` of a learning curve in pixels.
 LEARNING_CURVE_SIZE: tuple[int, int] = (1000, 500)
@@ -145,19 +145,16 @@ def render_learning_curve(
 
 def rolling_band(values: np.ndarray, window: int = ROLLING_UPDATES) -> tuple[np.ndarray, ...]:
     """``(mean, low, high)`` ``[U]``: the mean of the last ``window`` finite values up to
-    each position, and its Student-t 95% interval (NaN where fewer than two are in it)."""
-    means = np.full(len(values), math.nan)
-    lows, highs = means.copy(), means.copy()
+    each position, and its Student-t 95% interval (NaN where fewer than two are in it):
+    :func:`clustered_mean` with each update its own unit."""
+    bands = np.full((3, len(values)), math.nan)
     for i in range(len(values)):
         part = values[max(0, i - window + 1) : i + 1]
         part = part[np.isfinite(part)]
-        if part.size == 0:
-            continue
-        means[i] = part.mean()
-        if part.size >= 2:
-            half = t_critical(part.size) * part.std(ddof=1) / math.sqrt(part.size)
-            lows[i], highs[i] = means[i] - half, means[i] + half
-    return means, lows, highs
+        if part.size:
+            estimate = clustered_mean(part, np.arange(part.size))
+            bands[:, i] = estimate.mean, estimate.low, estimate.high
+    return bands[0], bands[1], bands[2]
 
 
 def _draw_rolling(
