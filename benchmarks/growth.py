@@ -1,7 +1,7 @@
 """Can growth pay? Paired episodes of growers against the controls, no learning.
 
 Every controller runs the same ``--episodes`` fresh hosts (same initial weights, data
-order and seed initialisations: ``esper.simic.comparison.compare`` pairs them), on the
+order and seed initialisations: ``esper.evaluation.comparison.compare`` pairs them), on the
 default data and host unless told otherwise. The grower the static controls copy is
 the scripted one (``--grower``): ``static_final`` trains each of its episodes' final
 networks from the first epoch, ``static_equal`` the plain host widened to its mean
@@ -32,13 +32,11 @@ import numpy as np
 import torch
 
 from esper.contracts.evaluation import TUNING_SEEDS, seed_range
+from esper.evaluation.comparison import ControllerSpec, Evaluation, compare
 from esper.kasmina import LifecycleConfig, OptimConfig
-from esper.simic.comparison import ControllerSpec, Evaluation, compare
-from esper.simic.env import MorphogeneticVecEnv
-from esper.simic.env_config import EnvConfig
+from esper.mdp.env import MorphogeneticVecEnv
+from esper.mdp.env_config import EnvConfig
 from esper.simic.module import PPOModule
-from esper.simic.ppo import PPOConfig
-from esper.tamiyo.baselines import STATE_SHAPE
 from esper.tamiyo.heuristic import HeuristicController
 from esper.tamiyo.periodic import periodic_config
 from esper.tolaria.data import DATAMODULES
@@ -49,7 +47,6 @@ SETTLE_EPOCHS = 5
 CONTROLLERS = "scripted,static_final,static_equal,periodic,random,no_growth"
 #: Discounting for the advantages the collector computes: the training defaults (the
 #: printed return is the plain sum of rewards either way).
-GAMMA, GAE_LAMBDA = PPOConfig.gamma, PPOConfig.gae_lambda
 
 
 def late_swings(evaluation: Evaluation, controller: str) -> np.ndarray:
@@ -138,17 +135,13 @@ def main() -> None:
     )
     specs = {}
     if args.plant_from is not None:
-        specs["periodic"] = ControllerSpec(
-            lambda env: (planting_from(args.plant_from, env), STATE_SHAPE)
-        )
+        specs["periodic"] = ControllerSpec(lambda env: planting_from(args.plant_from, env))
     evaluation = compare(
         config,
         data,
         names,
         episodes=args.episodes,
         seed=args.seed,
-        gamma=GAMMA,
-        gae_lambda=GAE_LAMBDA,
         device=args.device,
         grower=args.grower,
         specs=specs,

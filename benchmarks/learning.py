@@ -3,7 +3,7 @@
 For each training seed this runs ``esper fit`` (its defaults, plus ``--fit-args``) as a
 subprocess, with a checkpoint every ``--every`` PPO updates beside the run's own
 ``last.ckpt``. It then evaluates, on the same ``--episodes`` fresh hosts for every
-controller (``esper.simic.evaluate``: same initial weights, data order and seed
+controller (``esper.evaluation.evaluate``: same initial weights, data order and seed
 initialisations), on the test split:
 
 * the final policy, taking each head's most likely action, against every control and
@@ -43,9 +43,9 @@ import torch
 
 from esper.callbacks.checkpoint import find_last_checkpoint
 from esper.contracts.evaluation import ALL_CONTROLLERS, NO_GROWTH, TUNING_SEEDS, seed_range
-from esper.simic.comparison import ControllerResult, Evaluation
-from esper.simic.evaluate import evaluate
-from esper.simic.statistics import Estimate, paired_difference
+from esper.evaluation.comparison import ControllerResult, Evaluation
+from esper.evaluation.evaluate import evaluate
+from esper.report.statistics import Estimate, paired_difference
 
 #: What the final policy is compared with: every controller there is.
 COMPARED: tuple[str, ...] = ALL_CONTROLLERS

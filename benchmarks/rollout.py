@@ -38,12 +38,12 @@ import torch
 
 from esper.cli.options import quiet_third_party
 from esper.host_reads import HostReadCounter
+from esper.mdp.env import MorphogeneticVecEnv
+from esper.mdp.env_config import EnvConfig
 from esper.simic.buffer import RolloutBuffer
-from esper.simic.env import MorphogeneticVecEnv
-from esper.simic.env_config import EnvConfig
 from esper.simic.normalizer import RunningObsNormalizer
 from esper.simic.ppo import PPOConfig
-from esper.simic.rollout import RolloutCollector
+from esper.simic.ppo_collector import PPOCollector
 from esper.tamiyo.policy import PolicyConfig, PolicyNetwork
 from esper.tolaria.data import DATAMODULES
 
@@ -54,7 +54,7 @@ TELEMETRY_WARMUP_ROLLOUTS = 2
 GAMMA, GAE_LAMBDA = PPOConfig.gamma, PPOConfig.gae_lambda
 
 
-def build(n_envs: int, args: argparse.Namespace, device: torch.device) -> RolloutCollector:
+def build(n_envs: int, args: argparse.Namespace, device: torch.device) -> PPOCollector:
     data = DATAMODULES.get(args.data)(batch_size=args.batch_size)
     env = MorphogeneticVecEnv(
         EnvConfig(n_envs=n_envs, episode_epochs=args.episode_epochs), data, device
@@ -70,7 +70,7 @@ def build(n_envs: int, args: argparse.Namespace, device: torch.device) -> Rollou
         device,
     )
     normalizer = RunningObsNormalizer(env.layout.dim).to(device)
-    return RolloutCollector(env, policy, normalizer, buffer, GAMMA, GAE_LAMBDA)
+    return PPOCollector(env, policy, normalizer, buffer, GAMMA, GAE_LAMBDA)
 
 
 def synchronize(device: torch.device) -> None:
@@ -78,7 +78,7 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def with_synced_epochs(collector: RolloutCollector, device: torch.device) -> Callable[[], None]:
+def with_synced_epochs(collector: PPOCollector, device: torch.device) -> Callable[[], None]:
     """Make every host epoch end only when its device work has; returns the undo."""
     env = collector.env
     original = env.train_epoch
@@ -100,7 +100,7 @@ def with_synced_epochs(collector: RolloutCollector, device: torch.device) -> Cal
 def measure(n_envs: int, args: argparse.Namespace, device: torch.device) -> dict[str, float]:
     torch.manual_seed(0)
     collector = build(n_envs, args, device)
-    collector.collect(0)  # warm-up: allocator, kernels, data loading
+    collector.collect_batch(0)  # warm-up: allocator, kernels, data loading
     host_epochs = collector.env.config.episode_epochs
     decisions = n_envs * collector.env.decisions_per_episode
 
@@ -108,17 +108,17 @@ def measure(n_envs: int, args: argparse.Namespace, device: torch.device) -> dict
     for r in range(args.repeats):
         synchronize(device)
         start = time.perf_counter()
-        collector.collect(r + 1)
+        collector.collect_batch(r + 1)
         synchronize(device)
         seconds.append(time.perf_counter() - start)
     wall = statistics.median(seconds)
 
     with HostReadCounter() as counter:
-        collector.collect(args.repeats + 1)
+        collector.collect_batch(args.repeats + 1)
 
     undo = with_synced_epochs(collector, device)
     try:
-        _, summary = collector.collect(args.repeats + 2)
+        _, summary = collector.collect_batch(args.repeats + 2)
     finally:
         undo()
     return {
@@ -145,7 +145,7 @@ def telemetry_costs(args: argparse.Namespace, device: torch.device) -> None:
     torch.manual_seed(0)
     collector = build(n_envs, args, device)
     for _ in range(TELEMETRY_WARMUP_ROLLOUTS):
-        collector.collect(0)
+        collector.collect_batch(0)
     module = SimpleNamespace(env=collector.env, collector=collector)
     rollout = 1
 
@@ -165,10 +165,10 @@ def telemetry_costs(args: argparse.Namespace, device: torch.device) -> None:
             synchronize(device)
             start = time.perf_counter()
             if callback is None:
-                collector.collect(rollout)
+                collector.collect_batch(rollout)
             else:
                 hook(callback.on_rollout_start, rollout)
-                _, summary = collector.collect(
+                _, summary = collector.collect_batch(
                     rollout, on_step=lambda s: hook(callback.on_env_step, s)
                 )
                 hook(callback.on_rollout_end, summary)

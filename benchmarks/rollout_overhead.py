@@ -333,7 +333,7 @@ def fit_case(
     # Paired envs (the default) train every env of a group on the same share of a batch:
     # the batch holds one share per group member, so each env still gets 16 images a step.
     ppo = module.ppo_config
-    group = replace(module.env_config, paired=ppo.paired_envs, pair_size=ppo.pair_size).paired_group
+    group = replace(module.env_config, pairing=ppo.pairing).paired_group
     data = DATAMODULES.get("synthetic")(
         input_shape=[3, 32, 32],
         n_classes=10,

@@ -41,7 +41,7 @@ def one_rollout(n_envs: int, episode_epochs: int) -> tuple[list[StepBatch], list
     )
     collector = build(n_envs, args, torch.device("cpu"))
     steps: list[StepBatch] = []
-    collector.collect(0, on_step=steps.append)
+    collector.collect_batch(0, on_step=steps.append)
     return steps, [str(s) for s in collector.env.slot_ids]
 
 

@@ -24,10 +24,9 @@ import json
 import torch
 
 from esper.contracts.evaluation import TUNING_SEEDS, seed_range
-from esper.simic.comparison import compare
+from esper.evaluation.comparison import compare
+from esper.report.statistics import paired_difference
 from esper.simic.module import PPOModule
-from esper.simic.ppo import PPOConfig
-from esper.simic.statistics import paired_difference
 from esper.tolaria.data import DATAMODULES
 
 INITS = ("random", "gradient")
@@ -65,8 +64,6 @@ def main() -> None:
             controllers,
             episodes=args.episodes,
             seed=args.seed,
-            gamma=PPOConfig.gamma,
-            gae_lambda=PPOConfig.gae_lambda,
             device=args.device,
         )
         for r in evaluation.results:

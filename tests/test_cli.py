@@ -16,10 +16,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from esper.cli import main
 from esper.kasmina import LifecycleConfig, OptimConfig
+from esper.mdp.rewards import RewardConfig
 from esper.simic.module import PPOModule
 from esper.simic.normalizer import NormalizerConfig
 from esper.simic.ppo import PPOConfig
-from esper.simic.rewards import RewardConfig
 from esper.tamiyo.policy import PolicyConfig
 from esper.tolaria.data import (
     Cifar10DataModule,

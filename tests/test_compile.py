@@ -12,7 +12,7 @@ from esper.kasmina import CNNHost, GrowingHost, LifecycleConfig
 from esper.kasmina.lifecycle import GateSignals
 from esper.tamiyo.policy import PolicyConfig, PolicyNetwork
 from esper.tolaria.epoch import run_epoch
-from tests.simic.envs import small_env
+from tests.mdp.envs import small_env
 from tests.tolaria.loaders import image_loaders
 
 FAST = LifecycleConfig(min_training_epochs=0, blend_epochs=3, min_holding_epochs=0)
@@ -77,18 +77,18 @@ def test_compiled_act_matches_eager_without_graph_breaks() -> None:
 
 @pytest.mark.slow
 def test_a_compiled_rollout_runs_end_to_end() -> None:
-    from tests.simic.envs import collector
+    from tests.mdp.envs import collector
 
     env = small_env(2, 3, compile=True)
     col = collector(env)
     col_compiled = type(col)(
         env, col.policy, col.normalizer, col.buffer, col.gamma, col.gae_lambda, compile=True
     )
-    _, summary = col_compiled.collect(0)
+    _, summary = col_compiled.collect_batch(0)
     # Dynamo runs nothing compiled under a TorchDispatchMode such as HostReadCounter, so a
     # compiled rollout cannot be counted itself: count the same loop's next rollout (its act
     # runs eagerly then) and hold the transfers both report to that measurement.
     with HostReadCounter() as counter:
-        _, counted = col_compiled.collect(1)
+        _, counted = col_compiled.collect_batch(1)
     assert summary.packed_transfers == counted.packed_transfers == counter.count, counter.report()
     assert not counters["graph_break"], dict(counters["graph_break"])

@@ -6,7 +6,7 @@ import pytest
 
 from esper.tamiyo.periodic import periodic_config
 from tests.benchmarks.loading import load_benchmark
-from tests.simic.envs import small_env
+from tests.mdp.envs import small_env
 
 growth = load_benchmark("growth")
 

@@ -9,10 +9,10 @@ import torch
 
 from esper.callbacks.governor import GovernorCallback
 from esper.contracts.rollout import StepBatch
-from esper.simic.control import PANIC_NONE, PANIC_SIGNAL
+from esper.mdp.governor import PANIC_NONE, PANIC_SIGNAL
 from esper.simic.ppo import PPOConfig, make_optimizer, ppo_update
-from esper.simic.rollout import RolloutCollector
-from tests.simic.envs import collector, small_env
+from esper.simic.ppo_collector import PPOCollector
+from tests.mdp.envs import collector, small_env
 
 N_ENVS = 4
 EPISODE_EPOCHS = 8
@@ -39,7 +39,7 @@ BUFFER_FIELDS = (
 SNAPSHOT_POS = SNAPSHOT_EVERY - 1
 
 
-def _run(fault: bool) -> tuple[RolloutCollector, GovernorCallback, list[StepBatch]]:
+def _run(fault: bool) -> tuple[PPOCollector, GovernorCallback, list[StepBatch]]:
     col = collector(small_env(N_ENVS, EPISODE_EPOCHS), seed=0)
     governor = GovernorCallback(snapshot_every=SNAPSHOT_EVERY)
     col.set_governor(governor)
@@ -51,7 +51,7 @@ def _run(fault: bool) -> tuple[RolloutCollector, GovernorCallback, list[StepBatc
             with torch.no_grad():
                 col.env.hosts[FAULTY_ENV].model.head.weight.fill_(float("nan"))
 
-    batch, summary = col.collect(0, on_step=on_step)
+    batch, summary = col.collect_batch(0, on_step=on_step)
     governor.on_rollout_end(None, None, summary)  # type: ignore[arg-type]
     col.last_batch = batch  # type: ignore[attr-defined]
     col.last_summary = summary  # type: ignore[attr-defined]
@@ -178,7 +178,7 @@ def test_training_goes_on_after_a_rollback() -> None:
     policy = faulty.policy
     stats = ppo_update(policy, make_optimizer(policy, config), faulty.last_batch, config)
     assert all(torch.isfinite(v) for v in stats.values())
-    _, summary = faulty.collect(1)
+    _, summary = faulty.collect_batch(1)
     assert np.isfinite(summary.episode_return).all()
 
 

@@ -13,7 +13,7 @@ from esper.callbacks.checkpoint import default_checkpoints
 from esper.callbacks.progress import UpdateProgressBar
 from esper.simic.module import PPOModule
 from tests.callbacks.counting import count_rollout_reads
-from tests.simic.envs import small_data
+from tests.mdp.envs import small_data
 
 EPISODE_EPOCHS = 4
 

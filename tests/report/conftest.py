@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from esper.contracts.rollout import StepBatch
-from tests.simic.envs import collector, small_env
+from tests.mdp.envs import collector, small_env
 
 
 @pytest.fixture(scope="session")
@@ -20,7 +20,7 @@ def rollout() -> Iterator[tuple[list[StepBatch], tuple[str, ...]]]:
         env = small_env(2, 5)
         col = collector(env)
         steps: list[StepBatch] = []
-        col.collect(0, on_step=steps.append)
+        col.collect_batch(0, on_step=steps.append)
     finally:
         torch.set_num_threads(previous)
     yield steps, tuple(env.slot_ids)

@@ -250,7 +250,7 @@ def _evaluation(path: Path) -> Path:
 
 def test_evaluated_controls_are_every_control_with_its_clustered_interval(tmp_path: Path) -> None:
     from esper.report.curves import evaluated_controls
-    from esper.simic.statistics import clustered_mean
+    from esper.report.statistics import clustered_mean
 
     path = _evaluation(tmp_path / "evaluation.json")
     controls = evaluated_controls(path)
@@ -302,7 +302,7 @@ def test_learning_curve_numbers_updates_as_the_cli_does(
 
 def test_rolling_band_is_the_mean_and_t_interval_of_the_last_updates() -> None:
     from esper.report.curves import ROLLING_UPDATES, rolling_band
-    from esper.simic.statistics import t_critical
+    from esper.report.statistics import t_critical
 
     values = np.array([0.5, 0.7, np.nan, 0.6, 0.9, 0.8, 0.4, 0.65])
     mean, low, high = rolling_band(values)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
+from esper.report.statistics import clustered_mean
 from esper.report.tradeoff import _flops_interval, render_accuracy_vs_flops
-from esper.simic.statistics import clustered_mean
 
 SMALL = (400, 300)
 GROUPS = [0, 0, 1, 1, 2, 2]

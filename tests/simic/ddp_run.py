@@ -17,7 +17,7 @@ import torch
 
 from esper.callbacks.base import EsperCallback
 from esper.simic.module import PPOModule
-from tests.simic.envs import small_data
+from tests.mdp.envs import small_data
 
 N_RANKS = 2
 UPDATES = 2

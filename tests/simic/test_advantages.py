@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from esper.host_reads import HostReadCounter
-from esper.simic.advantages import group_size, leave_one_out
+from esper.mdp.pairing import group_size
+from esper.simic.advantages import leave_one_out
 
 EXAMPLES = 60
 

@@ -17,7 +17,7 @@ from esper.callbacks.checkpoint import EsperCheckpointIO, default_checkpoints
 from esper.contracts.rollout import StepBatch
 from esper.simic.module import PPOModule, RunFailure
 from esper.tolaria.data import DataSplits, SyntheticImageDataModule
-from tests.simic.envs import small_data
+from tests.mdp.envs import small_data
 
 #: Faults are planted during this update (0-based), after update 0 was checkpointed.
 FAULTY_UPDATE = 1

@@ -10,7 +10,7 @@ import torch
 
 import esper.simic.module as module_source
 from esper.simic.module import PPOModule
-from tests.simic.envs import small_data
+from tests.mdp.envs import small_data
 
 
 def test_the_ppo_update_and_the_collector_take_the_policy_s_cpu_threads(

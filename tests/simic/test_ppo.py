@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from esper.host_reads import DEFAULT_IGNORED_PATHS, HostReadCounter
+from esper.mdp.rewards import RewardConfig, RewardInputs, shaped_reward, total
 from esper.simic.gae import compute_gae
 from esper.simic.ppo import (
     STAT_NAMES,
@@ -20,7 +21,6 @@ from esper.simic.ppo import (
     ppo_update,
     trained_advantages,
 )
-from esper.simic.rewards import RewardConfig, RewardInputs, shaped_reward, total
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.policy import LSTMState, PolicyConfig, PolicyNetwork
 from tests.simic import bandit_env

@@ -12,7 +12,7 @@ from esper.callbacks.base import EsperCallback
 from esper.callbacks.checkpoint import CheckpointError, EsperCheckpointIO, default_checkpoints
 from esper.simic.module import PPOModule
 from esper.simic.ppo import PPOConfig
-from tests.simic.envs import small_data
+from tests.mdp.envs import small_data
 
 EPISODE_EPOCHS = 3
 
@@ -116,8 +116,8 @@ def test_a_checkpoint_from_another_setup_is_refused_with_the_difference(tmp_path
 
 
 def test_configs_passed_as_dataclasses_save_as_plain_mappings_and_rebuild(tmp_path: Path) -> None:
+    from esper.evaluation.evaluate import load_module
     from esper.kasmina import LifecycleConfig
-    from esper.simic.evaluate import load_module
     from esper.simic.ppo import PPOConfig
 
     L.seed_everything(0, verbose=False)

@@ -14,11 +14,11 @@ from esper.cli import main
 from esper.cli.bad_input import placed
 from esper.contracts.config_errors import ConfigError
 from esper.kasmina import LifecycleConfig, OptimConfig
-from esper.simic.env_config import EnvConfig
+from esper.mdp.env_config import EnvConfig
+from esper.mdp.rewards import RewardConfig
 from esper.simic.module import PPOModule
 from esper.simic.normalizer import NormalizerConfig
 from esper.simic.ppo import PPOConfig
-from esper.simic.rewards import RewardConfig
 from esper.simic.validation import CONFIG_KEYS, cli_key_of, validate_run
 from esper.tamiyo.policy import PolicyConfig
 from esper.tolaria.data import SyntheticImageDataModule, TokenSequenceDataModule

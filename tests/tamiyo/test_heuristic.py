@@ -11,13 +11,12 @@ from esper.contracts import BlendMode, LifecycleOp, ObservationLayout, SeedStage
 from esper.contracts.config_errors import ConfigError
 from esper.contracts.rollout import StepBatch
 from esper.host_reads import HostReadCounter
-from esper.simic.buffer import RolloutBuffer
-from esper.simic.episodes import RawObservations
-from esper.simic.rollout import RolloutCollector
+from esper.mdp.rollout import RolloutCollector
+from esper.mdp.transitions import Cursors
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.heuristic import STATE_SHAPE, HeuristicConfig, HeuristicController
 from esper.tamiyo.policy import OP, SLOT
-from tests.simic.envs import GAMMA, LAMBDA, small_env
+from tests.mdp.envs import small_env
 from tests.tamiyo.factories import SCHEMA, random_masks
 
 LAYOUT = ObservationLayout(len(SCHEMA.slot_ids), len(SCHEMA.blueprint_names))
@@ -348,14 +347,12 @@ def test_it_drives_a_real_rollout_germinating_seeds_with_only_legal_ops() -> Non
     torch.manual_seed(0)
     env = small_env(n_envs=2, episode_epochs=4)
     controller = HeuristicController(env.layout, env.schema)
-    buffer = RolloutBuffer(
-        env.n_envs, env.decisions_per_episode, env.layout.dim, env.schema, STATE_SHAPE, env.device
-    )
     # Raw observations, as run_episodes hands every controller but the learned policy.
-    collector = RolloutCollector(env, controller, RawObservations(), buffer, GAMMA, LAMBDA)
+    store = Cursors(env.n_envs, env.decisions_per_episode)
+    collector = RolloutCollector(env, controller, store)
     steps: list[StepBatch] = []
     with HostReadCounter() as counter:
-        _, summary = collector.collect(0, on_step=steps.append)
+        summary = collector.collect(0, on_step=steps.append).summary
     # Only the collector's one read per host epoch: the controller adds none.
     assert counter.count == summary.packed_transfers == env.config.episode_epochs, counter.report()
     assert summary.seeds_germinated.sum() > 0

@@ -107,7 +107,7 @@ def test_is_legal_checks_every_head_the_op_uses() -> None:
 
 
 def test_the_env_builds_its_masks_once_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.simic.envs import small_env
+    from tests.mdp.envs import small_env
 
     env = small_env(2, 3)
     env.reset()

@@ -20,7 +20,7 @@ from esper.tamiyo.periodic import (
     periodic_schedule,
 )
 from esper.tamiyo.policy import BLUEPRINT, OP, SLOT
-from tests.simic.envs import small_env
+from tests.mdp.envs import small_env
 from tests.tamiyo.factories import random_masks
 
 #: The lifecycle of 2 training, 3 blending and 1 holding epochs (the defaults before

@@ -9,7 +9,7 @@ import torch
 
 from esper.host_reads import HostReadCounter
 from esper.kasmina import CNNHost, GrowingHost
-from esper.simic.env_config import EnvConfig
+from esper.mdp.env_config import EnvConfig
 from esper.tolaria.epoch import run_epoch
 from tests.tolaria.loaders import image_loaders
 
@@ -51,7 +51,7 @@ def test_unknown_amp_setting_is_refused() -> None:
 
 
 def test_hosts_are_placed_round_robin_over_the_listed_devices() -> None:
-    from tests.simic.envs import small_env
+    from tests.mdp.envs import small_env
 
     env = small_env(3, devices=("cpu", "meta"))
     assert [d.type for d in env.host_devices] == ["cpu", "meta", "cpu"]

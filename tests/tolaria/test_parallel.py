@@ -21,11 +21,11 @@ from esper.contracts import BlendMode, SeedStage
 from esper.contracts.config_errors import ConfigError
 from esper.host_reads import HostReadCounter
 from esper.kasmina import GrowingHost, TransformerHost
-from esper.simic.env_config import EnvConfig
+from esper.mdp.env_config import EnvConfig
 from esper.tolaria import epoch
 from esper.tolaria.epoch import EpochResult, run_epoch
 from esper.tolaria.parallel import resolve_workers, run_env_steps, threads_per_worker
-from tests.simic.envs import collector, small_env
+from tests.mdp.envs import collector, small_env
 from tests.tolaria.loaders import image_loaders, token_loaders
 from tests.tolaria.test_epoch import FAST, cnn_envs, to_stage
 
@@ -141,7 +141,7 @@ def test_a_rollout_with_workers_equals_the_sequential_rollout(
     for workers in (1, 2):
         col = collector(small_env(4, 3, cpu_workers=workers))
         steps: list[object] = []
-        batches = [col.collect(r, on_step=steps.append)[0] for r in range(2)]
+        batches = [col.collect_batch(r, on_step=steps.append)[0] for r in range(2)]
         runs.append((col, steps, batches))
     (col_a, steps_a, batches_a), (col_b, steps_b, batches_b) = runs
     assert parallel_epochs == [2] * 6  # every host epoch of the second run, in 2 threads

@@ -55,7 +55,7 @@ class EsperCallback(Callback):
 
         Runs right after the read that closed the transition and before the next actions
         are applied. May change: nothing. Snapshots and per-env restores are the
-        governor's (``esper.simic.control.Governor``, whose ``steer`` the rollout calls at
+        governor's (``esper.mdp.governor.Governor``, whose ``steer`` the rollout calls at
         each read with its control surface), not a step hook's.
         """
 

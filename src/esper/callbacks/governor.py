@@ -4,7 +4,7 @@ Its whole policy is here: it snapshots every env at the start of each episode, e
 ``snapshot_every`` host epochs and right after a fossilize, and keeps the latest snapshot
 of each env. A panic (a non-finite training loss, or one more than ``sigma`` standard
 deviations above the env's recent history) is decided on the device by the rollout's
-panic test, configured with this governor's :class:`~esper.simic.control.PanicConfig`;
+panic test, configured with this governor's :class:`~esper.mdp.governor.PanicConfig`;
 its ``[E]`` code rides in the step's packed transfer. On a panic the governor asks the
 rollout to restore that env alone from its latest snapshot and charges the rollback
 penalty (``RewardConfig.rollback_penalty``) to the transition whose epoch panicked. The
@@ -13,7 +13,7 @@ batch as the last before the restore, so PPO learns the penalty (and GAE bootstr
 from the restored state's value). Every other env keeps all its transitions.
 
 The rollout calls :meth:`GovernorCallback.steer` at each read, through the control surface
-of :mod:`esper.simic.control`; :class:`~esper.simic.module.PPOModule` registers the
+of :mod:`esper.mdp.governor`; :class:`~esper.simic.module.PPOModule` registers the
 governor among the trainer's callbacks with its rollout collector.
 """
 
@@ -25,7 +25,7 @@ import numpy as np
 
 from esper.callbacks.base import EsperCallback
 from esper.contracts.rollout import RolloutSummary
-from esper.simic.control import (
+from esper.mdp.governor import (
     PANIC_NONE,
     PANIC_NONFINITE,
     EnvSnapshot,

@@ -21,8 +21,8 @@ def plugins(_: argparse.Namespace) -> int:
     """List each registry's names and where each comes from (built in or a package)."""
     from esper.callbacks import CALLBACKS
     from esper.kasmina import BLUEPRINTS, HOSTS
+    from esper.mdp.rewards import REWARDS
     from esper.plugins import Registry
-    from esper.simic.rewards import REWARDS
     from esper.tolaria.data import DATAMODULES
 
     registries: tuple[Registry[object], ...] = (  # type: ignore[assignment]
@@ -57,9 +57,9 @@ def evaluate_command(args: argparse.Namespace) -> int:
     """Compare the learned policy with the other controllers; write the tables and pictures."""
     from esper.callbacks.checkpoint import find_last_checkpoint
     from esper.contracts.evaluation import seed_range
+    from esper.evaluation.comparison import check_controllers
+    from esper.evaluation.evaluate import evaluate
     from esper.report.tradeoff import TRADEOFF_FILE, render_accuracy_vs_flops
-    from esper.simic.comparison import check_controllers
-    from esper.simic.evaluate import evaluate
 
     controllers = tuple(c.strip() for c in args.controllers.split(",") if c.strip())
     checks = (

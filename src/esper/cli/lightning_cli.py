@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from esper.cli.bad_input import BAD_INPUT_STATUS, RunFolderGuard, input_error, one_line
+from esper.cli.help_format import EsperArgumentParser
 from esper.cli.options import (
     DEFAULT_CALLBACKS,
     DEFAULT_DATA,
@@ -31,7 +32,6 @@ from esper.cli.options import (
 )
 from esper.cli.resume import check_resume_fits, read_resume, resumed_run_logger
 from esper.cli.summary import format_interrupt, format_summary, format_where
-from esper.help_format import EsperArgumentParser
 
 #: Exit status of a fit stopped by Ctrl-C: 128 + SIGINT, as a shell reports it.
 INTERRUPTED_STATUS = 128 + signal.SIGINT

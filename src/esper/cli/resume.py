@@ -84,8 +84,8 @@ def _refuse_finished(checkpoint: dict[str, Any], name: str, max_epochs: int | No
 
 def check_resume_fits(resume: Resume | None, model: Any, datamodule: Any) -> None:
     """Refuse a checkpoint with another action space before the Trainer is built."""
+    from esper.mdp.env_config import action_schema
     from esper.simic.checkpoint_contents import check_same_action_space
-    from esper.simic.env_config import action_schema
     from esper.tolaria.data import HostDataModule
 
     if resume is None or not isinstance(datamodule, HostDataModule):

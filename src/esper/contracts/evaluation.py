@@ -6,7 +6,7 @@ Plain data, so the command line can offer them without importing torch.
 Evaluation seeds are split in two ranges. Defaults (blueprints, thresholds, learning
 settings) are chosen by looking at episodes of the tuning range only; figures are
 reported on the reporting range, on episodes nothing was chosen on. Each seed's
-episodes are its own: no two seeds share one (``esper.simic.episodes.group_key``).
+episodes are its own: no two seeds share one (``esper.evaluation.episodes.group_key``).
 """
 
 from __future__ import annotations

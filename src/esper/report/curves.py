@@ -28,8 +28,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from esper.report.statistics import clustered_mean
 from esper.report.timeline import check_size, figure_to_array, new_figure, write_png
-from esper.simic.statistics import clustered_mean
 
 #: Default ``(width, height)`` of a learning curve in pixels.
 LEARNING_CURVE_SIZE: tuple[int, int] = (1000, 500)

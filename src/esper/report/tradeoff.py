@@ -5,7 +5,7 @@ accuracy more cheaply than a network chosen up front? The table answers it in nu
 this picture answers it at a glance. Each controller is a point at its mean training
 FLOPs and mean final test accuracy, with 95% intervals on both axes counting each episode
 group once (the table's error bars), read from the ``evaluation.json`` that
-:meth:`esper.simic.comparison.Evaluation.write` writes.
+:meth:`esper.evaluation.comparison.Evaluation.write` writes.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from esper.report.statistics import clustered_mean
 from esper.report.timeline import check_size, figure_to_array, new_figure, write_png
-from esper.simic.statistics import clustered_mean
 
 #: Default ``(width, height)`` of the picture in pixels.
 TRADEOFF_SIZE: tuple[int, int] = (900, 600)

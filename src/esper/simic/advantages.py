@@ -1,7 +1,7 @@
 """Advantages relative to the other envs of a rollout that started from the same host.
 
 When every env of a rollout starts from the same host weights and sees the same batches
-(``EnvConfig.paired``, which ``PPOConfig.paired_envs`` sets; the batches are shared
+(``esper.mdp.pairing``, which ``PPOConfig.paired_envs`` sets; the batches are shared
 already), two envs whose policy acted alike train alike. What the critic cannot predict (how well this host happens to
 train) is then common to all envs at a step, while what the policy did is not. Taking
 each env's advantage minus the mean of the *other* envs' at the same step cancels the
@@ -20,19 +20,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-
-
-def group_size(n_envs: int, pair_size: int | None) -> int:
-    """Envs per paired group among ``n_envs``: ``pair_size``, or all of them when there
-    are no more than ``pair_size`` (or ``pair_size`` is None)."""
-    if pair_size is None or n_envs <= pair_size:
-        return n_envs
-    if n_envs % pair_size:
-        raise ValueError(
-            f"{n_envs} envs do not split into groups of pair_size={pair_size}; make the "
-            "envs per rank a multiple of pair_size, or set pair_size to null for one group"
-        )
-    return pair_size
 
 
 def leave_one_out(advantages: Tensor, valid: Tensor, group: int | None = None) -> Tensor:

@@ -22,6 +22,11 @@ from esper.callbacks.checkpoint import newest_checkpoint
 from esper.contracts.config_errors import ConfigError
 from esper.contracts.rollout import RolloutSummary, StepBatch
 from esper.kasmina import LifecycleConfig, OptimConfig
+from esper.mdp.env import MorphogeneticVecEnv
+from esper.mdp.env_config import EnvConfig
+from esper.mdp.governor import Governor
+from esper.mdp.rewards import RewardConfig
+from esper.mdp.step_read import read_packed
 from esper.simic.buffer import RolloutBuffer
 from esper.simic.checkpoint_contents import (
     DATA_KEY,
@@ -34,14 +39,10 @@ from esper.simic.checkpoint_contents import (
     plain,
     policy_spec,
 )
-from esper.simic.control import Governor
-from esper.simic.env import MorphogeneticVecEnv
-from esper.simic.env_config import EnvConfig
 from esper.simic.normalizer import NormalizerConfig, RunningObsNormalizer
 from esper.simic.ppo import PPOConfig, make_optimizer, ppo_update
-from esper.simic.rewards import RewardConfig
+from esper.simic.ppo_collector import PPOCollector
 from esper.simic.rng import capture_rng_state, restore_rng_state
-from esper.simic.rollout import RolloutCollector, read_packed
 from esper.simic.schedules import entropy_coef_at, learning_rate_at
 from esper.simic.update_metrics import PROGRESS_BAR_METRICS, rollout_metrics
 from esper.simic.validation import CONFIG_KEYS, check_ent_coef_final, validate_run
@@ -187,7 +188,7 @@ class PPOModule(LightningModule):
         self._obs_dim = 0
         self.normalizer: RunningObsNormalizer | None = None
         self.env: MorphogeneticVecEnv | None = None
-        self.collector: RolloutCollector | None = None
+        self.collector: PPOCollector | None = None
         self.last_summary: RolloutSummary | None = None
         self.last_metrics: dict[str, float] = {}
         self._generator = torch.Generator()
@@ -210,8 +211,7 @@ class PPOModule(LightningModule):
         env_config = replace(
             self.env_config,
             n_envs=self.env_config.n_envs // world,
-            paired=self.ppo_config.paired_envs,
-            pair_size=self.ppo_config.pair_size,
+            pairing=self.ppo_config.pairing,
         )
         if world > 1:
             # Every rank was seeded alike; shift this rank's streams so its env group
@@ -233,7 +233,7 @@ class PPOModule(LightningModule):
             (self.policy_config.lstm_layers, self.policy_config.hidden_size),
             device,
         )
-        self.collector = RolloutCollector(
+        self.collector = PPOCollector(
             self.env,
             self.policy,
             self.normalizer,
@@ -351,7 +351,7 @@ class PPOModule(LightningModule):
             for cb in hooks:
                 _call_hook(cb, "on_env_step", self.trainer, self, batch)
 
-        self._batch, summary = self.collector.collect(self.current_epoch, on_step=on_step)
+        self._batch, summary = self.collector.collect_batch(self.current_epoch, on_step=on_step)
         for cb in hooks:
             _call_hook(cb, "on_rollout_end", self.trainer, self, summary)
         self.last_summary = summary

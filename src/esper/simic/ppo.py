@@ -38,7 +38,8 @@ from esper.contracts.config_errors import (
     require_int,
     require_number,
 )
-from esper.simic.advantages import group_size, leave_one_out
+from esper.mdp.pairing import Pairing, check_pairing
+from esper.simic.advantages import leave_one_out
 from esper.simic.ppo_batch import PPOBatch
 from esper.tamiyo.policy import PolicyNetwork
 
@@ -165,11 +166,10 @@ class PPOConfig:
                 require_number(name, getattr(self, name), at_least=0.0)
             for name in ("update_epochs", "n_minibatches"):
                 require_int(name, getattr(self, name), 1)
-            if self.pair_size is not None:
-                require_int("pair_size", self.pair_size, 2, hint="or null for one group")
+            check_pairing(self.paired_envs, self.pair_size)
             for name in ("gamma", "gae_lambda"):
                 require_number(name, getattr(self, name), at_least=0.0, at_most=1.0)
-            for name in ("normalize_advantages", "anneal_lr", "paired_envs", "critic_baseline"):
+            for name in ("normalize_advantages", "anneal_lr", "critic_baseline"):
                 require_bool(name, getattr(self, name))
             if not self.critic_baseline and not self.paired_envs:
                 raise ConfigError(
@@ -184,6 +184,11 @@ class PPOConfig:
                     "0 with critic_baseline: true leaves the critic untrained and its values "
                     "no baseline; give it a weight (0.5 is CleanRL's)",
                 )
+
+    @property
+    def pairing(self) -> Pairing:
+        """``paired_envs`` and ``pair_size`` as the env runs them (``esper.mdp.pairing``)."""
+        return Pairing(self.paired_envs, self.pair_size)
 
 
 class PPOLosses(NamedTuple):
@@ -286,7 +291,7 @@ def trained_advantages(batch: PPOBatch, config: PPOConfig) -> Tensor:
     envs' of the same paired group at the same step (:func:`leave_one_out`)."""
     if not config.paired_envs:
         return batch.advantages
-    group = group_size(batch.n_envs, config.pair_size)
+    group = config.pairing.group(batch.n_envs)
     source = batch.advantages if config.critic_baseline else batch.returns
     return leave_one_out(source, batch.valid, group)
 

@@ -15,19 +15,27 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from esper.contracts.config_errors import ConfigError, require_number
 from esper.kasmina import BLUEPRINTS, HOSTS, HostModel, LifecycleConfig, OptimConfig, SlotShape
-from esper.simic.env_config import EnvConfig, blueprint_names
+from esper.mdp.env_config import EnvConfig, blueprint_names
+from esper.mdp.rewards import RewardConfig
 from esper.simic.normalizer import NormalizerConfig
 from esper.simic.ppo import PPOConfig
-from esper.simic.rewards import RewardConfig
 from esper.tamiyo.policy import PolicyConfig
 from esper.tolaria.data.base import HostDataModule
 
-if TYPE_CHECKING:
-    from esper.simic.module import PPOModule
+
+class RunConfigs(Protocol):
+    """The configs of a run as ``PPOModule`` holds them once built (what is checked)."""
+
+    env_config: EnvConfig
+    policy_config: PolicyConfig
+    ppo_config: PPOConfig
+    normalizer_config: NormalizerConfig
+    ent_coef_final: float | None
+
 
 #: CLI key of each config ``PPOModule`` builds (its ``__init__`` argument names).
 CONFIG_KEYS: dict[type, str] = {
@@ -59,7 +67,7 @@ def check_ent_coef_final(value: object) -> None:
     )
 
 
-def validate_run(module: PPOModule, datamodule: object, world_size: int) -> None:
+def validate_run(module: RunConfigs, datamodule: object, world_size: int) -> None:
     """Check everything about a run that no single config object can check alone.
 
     Args:
@@ -85,7 +93,7 @@ def validate_run(module: PPOModule, datamodule: object, world_size: int) -> None
     _check_blueprints(env, _build_host(env, datamodule))
 
 
-def _check_configs(module: PPOModule) -> None:
+def _check_configs(module: RunConfigs) -> None:
     """Each config is of its class and still passes its own checks (a caller may have
     changed a field after it was built)."""
     env = module.env_config

@@ -2,7 +2,7 @@
 
 :class:`HeuristicController` has the acting interface of
 :class:`~esper.tamiyo.policy.PolicyNetwork` (``initial_state``, ``act``, ``value``), so
-the rollout loop (``esper.simic.rollout.RolloutCollector``) drives it unchanged and its
+the rollout loop (``esper.mdp.rollout.RolloutCollector``) drives it unchanged and its
 episodes are scored by the same rewards and telemetry as the policy's. Its rules, in
 priority order, for every env at once:
 
@@ -32,7 +32,7 @@ under the masks it was given.
 **Raw observations.** It reads the features as ``esper.tamiyo.features`` builds them
 (fractions of accuracy and of the episode, 0/1 stage one-hots and refusal flags), not
 the normalised view the policy learns from: its thresholds are in those units, so a
-rollout must hand it the raw observation (``esper.simic.episodes.run_episodes`` does,
+rollout must hand it the raw observation (``esper.evaluation.episodes.run_episodes`` does,
 with ``normalizer=None``). Comparing raw features with raw thresholds is exact; pushing
 the thresholds through the policy's running normaliser instead, as it once did, lost
 the comparisons the normaliser's clip flattened.

@@ -4,7 +4,7 @@ The rules: WAIT is always legal. GERMINATE needs a DORMANT slot and a
 blueprint that fits that slot and keeps the env under its parameter budget. ADVANCE is
 the policy's only for FOSSILIZE: a HOLDING seed that has held for ``min_holding_epochs``
 (the clock takes seeds from GERMINATED to HOLDING by itself, see
-``esper.simic.env``), so no ADVANCE is offered that a gate would refuse for time alone.
+``esper.mdp.env``), so no ADVANCE is offered that a gate would refuse for time alone.
 PRUNE needs a seed old enough to judge: one whose contribution is measured (BLENDING,
 HOLDING), or one stuck in TRAINING past ``min_training_epochs`` (its gradients were not
 finite, so the clock could not move it). The blend head is free for GERMINATE.

@@ -26,10 +26,10 @@ from esper.tamiyo.heuristic import (
 )
 
 #: The first decision follows this host epoch: the env trains one epoch at reset, then
-#: asks the controller (``esper.simic.env.MorphogeneticVecEnv.reset``).
+#: asks the controller (``esper.mdp.env.MorphogeneticVecEnv.reset``).
 FIRST_DECISION_EPOCH = 1
 #: The epoch a seed spends GERMINATED: planted at one decision, the clock moves it on at
-#: the next (``esper.simic.lifecycle_ops.OpApplier``).
+#: the next (``esper.mdp.lifecycle_ops.OpApplier``).
 GERMINATED_EPOCHS = 1
 #: The clock moves a seed one stage per decision, so a stage whose minimum is 0 epochs
 #: still lasts one.

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from esper.cli import main
-from esper.help_format import plain
+from esper.cli.help_format import plain
 
 #: What Sphinx markup looks like once printed: ``literal`` or :role:`target`.
 _MARKUP = re.compile(r"``|:[a-z]+:`")

@@ -1,7 +1,7 @@
 """A transition waiting for its reward, and the host-side :class:`StepBatch` it is reported as.
 
 The reward of the decision taken after epoch ``t`` is known only after epoch ``t + 1``, so
-the rollout loop (:mod:`esper.simic.rollout`) holds each step's host-side facts here until
+the rollout loop (:mod:`esper.mdp.rollout`) holds each step's host-side facts here until
 the next read prices them; then the step hook gets them as one :class:`StepBatch`. Every
 field is a host copy from the step's packed transfer or from Python state: building the
 report reads nothing from the device.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from esper.contracts.rollout import StepBatch
-from esper.simic.env import MorphogeneticVecEnv, StepOutcome
+from esper.mdp.env import MorphogeneticVecEnv, StepOutcome
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from esper.simic.rewards import (
+from esper.mdp.rewards import (
     REWARDS,
     RewardConfig,
     RewardInputs,

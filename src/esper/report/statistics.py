@@ -8,7 +8,7 @@ of cluster totals, scaled by ``G / (G - 1)``), and the 95% interval uses Student
 with ``G - 1`` degrees of freedom, ``G`` being the number of clusters. With one episode
 per cluster both reduce to the textbook standard error and t interval.
 
-Pure functions over numpy arrays; ``tests/simic/test_statistics.py`` checks them against
+Pure functions over numpy arrays; ``tests/report/test_statistics.py`` checks them against
 hand computations and checks the interval's coverage on simulated clustered data whose
 mean is known.
 """

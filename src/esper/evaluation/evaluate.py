@@ -1,7 +1,7 @@
 """Does growth pay off? A checkpoint's learned policy against the controls, on fresh hosts.
 
 This module loads a checkpoint (its policy, normaliser, env settings and data module)
-and hands the learned policy to ``esper.simic.comparison``, which runs it beside the
+and hands the learned policy to ``esper.evaluation.comparison``, which runs it beside the
 controls a researcher asks for (the grown networks trained from the start, a plain
 network of equal size, a fixed schedule, random growth, no growth) on paired episodes
 and tabulates test accuracy, parameters and training compute. The learned policy acts
@@ -22,21 +22,20 @@ from typing import Any
 
 from esper.callbacks.checkpoint import CheckpointError, EsperCheckpointIO
 from esper.contracts.evaluation import DEFAULT_CONTROLLERS, DEFAULT_GROWER, TUNING_SEEDS
-from esper.simic.advantages import group_size
 from esper.simic.checkpoint_contents import (
     DATA_KEY,
     ENVS_PER_RANK_KEY,
     check_same_action_space,
     checkpoint_policy_spec,
 )
-from esper.simic.comparison import (
+from esper.evaluation.comparison import (
     ControllerResult,
     ControllerSpec,
     Evaluation,
     check_controllers,
     compare,
 )
-from esper.simic.env_config import EnvConfig, action_schema
+from esper.mdp.env_config import EnvConfig, action_schema
 from esper.simic.module import PPOModule
 from esper.tolaria.data.base import HostDataModule
 
@@ -109,7 +108,7 @@ def evaluate(
     """Run ``episodes`` fresh episodes under each controller; see the module docstring.
 
     ``seed`` is an evaluation seed: its episodes are shared with no other seed, and it
-    lies in the tuning or the reporting range (``esper.simic.episodes``). ``sample``
+    lies in the tuning or the reporting range (``esper.evaluation.episodes``). ``sample``
     draws the learned policy's actions from its distribution (seeded by the episode
     group, so a repeat gives the same episodes) instead of taking each head's most
     likely choice; the other controllers are unaffected. ``grower`` names the grower
@@ -126,11 +125,10 @@ def evaluate(
     assert module.policy is not None and module.normalizer is not None
     check_same_action_space(module.policy.schema, action_schema(config, data), path)
     policy = module.policy.to(device).eval()
-    lstm = (module.policy_config.lstm_layers, module.policy_config.hidden_size)
     learned = ControllerSpec(
-        make=lambda env: (policy, lstm),  # type: ignore[arg-type,return-value]
+        make=lambda env: policy,
         # Only the policy learned in normalised units; the others read raw features.
-        normalizer=module.normalizer.to(device),
+        normalize=module.normalizer.to(device),
         deterministic=not sample,
         policy_threads=module.policy_config.cpu_threads,
     )
@@ -140,8 +138,6 @@ def evaluate(
         controllers,
         episodes=episodes,
         seed=seed,
-        gamma=module.ppo_config.gamma,
-        gae_lambda=module.ppo_config.gae_lambda,
         device=device,
         specs={"learned": learned},
         grower=grower,
@@ -160,8 +156,7 @@ def evaluation_config(module: PPOModule, envs_per_rank: int | None = None) -> En
     """
     config = replace(module.env_config, devices=None)
     n = config.n_envs if envs_per_rank is None else envs_per_rank
-    if module.ppo_config.paired_envs:
-        n = group_size(n, module.ppo_config.pair_size)
+    n = module.ppo_config.pairing.group(n) or n
     return replace(config, n_envs=n)
 
 

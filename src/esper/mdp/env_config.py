@@ -15,14 +15,13 @@ from esper.contracts import ActionSchema
 from esper.contracts.config_errors import (
     ConfigError,
     owned_by,
-    require_bool,
     require_choice,
     require_int,
 )
 from esper.kasmina import BLUEPRINTS, HOSTS, HostModel, LifecycleConfig, OptimConfig
 from esper.kasmina.widen_init import WIDEN_INITS
-from esper.simic.advantages import group_size
-from esper.simic.rewards import REWARDS, RewardConfig
+from esper.mdp.pairing import UNPAIRED, Pairing
+from esper.mdp.rewards import REWARDS, RewardConfig
 from esper.tolaria.data.base import HostDataModule
 from esper.tolaria.epoch import AMP_DTYPES, OOM_POLICIES
 
@@ -56,17 +55,10 @@ class EnvConfig:
     #: Devices to place hosts on, round-robin (e.g. ["cuda:0", "cuda:1"]); None: the
     #: module's device.
     devices: tuple[str, ...] | None = None
-    #: Start every env of an episode from the same host weights and train them on the same
-    #: samples (common random numbers: envs then differ by what the policy did and by
-    #: their seeds' own initial draws; sharing those draws too learned worse policies,
-    #: benchmarks/README.md).
-    #: Training sets it with ``PPOConfig.paired_envs``; evaluation keeps it off, so its
-    #: episodes are independent.
-    paired: bool = False
-    #: Envs per paired group (``PPOConfig.pair_size``): with ``paired``, consecutive envs
-    #: form groups of this many, each group from its own host, and each host trains on
-    #: 1/group of every batch; no more envs than this (or None) make one group.
-    pair_size: int | None = None
+    #: Which envs start an episode from the same host and train on the same samples
+    #: (``esper.mdp.pairing``): training sets it from ``PPOConfig.pairing``; evaluation
+    #: keeps it off, so its episodes are independent.
+    pairing: Pairing = UNPAIRED
     #: How a widening seed's new units start (``esper.kasmina.widen_init``): "random"
     #: keeps a germination's draw, "gradient" keeps the candidates the loss most needs.
     widen_init: str = "random"
@@ -77,10 +69,11 @@ class EnvConfig:
 
     def __post_init__(self) -> None:
         with owned_by(self):
-            require_bool("paired", self.paired)
+            if not isinstance(self.pairing, Pairing):
+                raise ConfigError(
+                    "pairing", f"must be an esper.mdp.pairing.Pairing, got {self.pairing!r}"
+                )
             require_choice("widen_init", self.widen_init, WIDEN_INITS)
-            if self.pair_size is not None:
-                require_int("pair_size", self.pair_size, 2, hint="or null for one group")
             if self.cpu_workers is not None:
                 require_int("cpu_workers", self.cpu_workers, 1, hint="or null for every core")
             require_choice("amp", self.amp, AMP_DTYPES)
@@ -98,16 +91,15 @@ class EnvConfig:
             require_choice("reward", self.reward, REWARDS.names(), "registered reward families")
             if self.blueprints is not None:
                 self._check_blueprints(self.blueprints)
-            if self.paired and self.pair_size is not None:
-                try:
-                    group_size(self.n_envs, self.pair_size)
-                except ValueError as exc:
-                    raise ConfigError("pair_size", str(exc)) from None
+            try:
+                self.pairing.group(self.n_envs)
+            except ValueError as exc:
+                raise ConfigError("pairing", str(exc)) from None
 
     @property
     def paired_group(self) -> int | None:
         """Envs per paired group (they share a host and a data share), None if unpaired."""
-        return group_size(self.n_envs, self.pair_size) if self.paired else None
+        return self.pairing.group(self.n_envs)
 
     @staticmethod
     def _check_blueprints(names: tuple[str, ...]) -> None:

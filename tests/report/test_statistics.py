@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from esper.simic.statistics import clustered_mean, paired_difference, t_critical
+from esper.report.statistics import clustered_mean, paired_difference, t_critical
 
 
 def test_one_value_per_cluster_is_the_textbook_standard_error_and_t_interval() -> None:

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from esper.simic.rewards import REWARDS, RewardConfig, RewardInputs
-from esper.simic.rewards.base import total
+from esper.mdp.rewards import REWARDS, RewardConfig, RewardInputs
+from esper.mdp.rewards.base import total
 
 #: One validation image on the default data (digits: 360 validation images): the
 #: smallest accuracy difference an evaluation can show.

@@ -1,6 +1,6 @@
 """Carrying out one step's lifecycle ops on a batch of hosts, and the clock's own advances.
 
-The vectorised env (:class:`~esper.simic.env.MorphogeneticVecEnv`) hands this module the
+The vectorised env (:class:`~esper.mdp.env.MorphogeneticVecEnv`) hands this module the
 host-side copy of the step's actions and gate signals; everything here is Python work on
 the lifecycle (no device reads). Refusals are recorded on each seed's
 :class:`~esper.kasmina.lifecycle.SeedLifecycle` (``last_refusal``), their one home, so a

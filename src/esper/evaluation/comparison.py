@@ -1,9 +1,9 @@
 """Growers set against the controls a researcher asks for, on paired episodes.
 
-Every controller runs the same episodes (``esper.simic.episodes.run_episodes``: same
+Every controller runs the same episodes (``esper.evaluation.episodes.run_episodes``: same
 initial hosts, data order and seed initialisations per episode group). The rows:
 
-* growers: ``learned`` (a checkpoint's policy, supplied by ``esper.simic.evaluate``),
+* growers: ``learned`` (a checkpoint's policy, supplied by ``esper.evaluation.evaluate``),
   ``periodic`` (plants at evenly spaced epochs, keeps what the gates allow),
   ``heuristic``, ``scripted`` and ``random``;
 * ``no_growth``: the host left alone;
@@ -17,7 +17,7 @@ initial hosts, data order and seed initialisations per episode group). The rows:
 Each row reports test accuracy (the split nothing else reads) with a 95% interval,
 validation accuracy beside it, the final network's parameters and the training FLOPs
 spent, and paired differences to no growth and to the grower. Error bars treat an
-episode group as one unit (``esper.simic.statistics``).
+episode group as one unit (``esper.report.statistics``).
 """
 
 from __future__ import annotations
@@ -43,12 +43,11 @@ from esper.contracts.evaluation import (
 from esper.contracts.rollout import StepBatch
 from esper.kasmina import HOSTS
 from esper.kasmina.sizing import equal_size_host_kwargs
-from esper.simic.env import MorphogeneticVecEnv
-from esper.simic.env_config import EnvConfig, build_host
-from esper.simic.episodes import Episodes, baseline_controller, run_episodes
-from esper.simic.normalizer import RunningObsNormalizer
-from esper.simic.rollout import Controller
-from esper.simic.statistics import Estimate, clustered_mean, paired_difference
+from esper.mdp.env import MorphogeneticVecEnv
+from esper.mdp.env_config import EnvConfig, build_host
+from esper.evaluation.episodes import Episodes, baseline_controller, run_episodes
+from esper.mdp.rollout import Controller, ObservationTransform
+from esper.report.statistics import Estimate, clustered_mean, paired_difference
 from esper.tolaria.data.base import HostDataModule
 
 
@@ -57,16 +56,15 @@ class ControllerSpec:
     """How to run one controller's episodes.
 
     Attributes:
-        make: builds the controller for an env, with the recurrent-state shape the
-            rollout buffer stores.
-        normalizer: the observation normaliser it learned with; None hands it the raw
-            observations, as every untrained controller expects.
+        make: builds the controller for an env.
+        normalize: the observation normaliser it learned with (only applied); None hands
+            it the raw observations, as every untrained controller expects.
         deterministic: act on each head's most likely choice instead of sampling.
         policy_threads: intra-op threads for its act on the CPU (None: torch's).
     """
 
-    make: Callable[[MorphogeneticVecEnv], tuple[Controller, tuple[int, int]]]
-    normalizer: RunningObsNormalizer | None = None
+    make: Callable[[MorphogeneticVecEnv], Controller]
+    normalize: ObservationTransform | None = None
     deterministic: bool = True
     policy_threads: int | None = None
 
@@ -274,8 +272,6 @@ def compare(
     controllers: Sequence[str],
     episodes: int,
     seed: int,
-    gamma: float,
-    gae_lambda: float,
     device: str = "cpu",
     specs: Mapping[str, ControllerSpec] | None = None,
     grower: str = DEFAULT_GROWER,
@@ -285,7 +281,7 @@ def compare(
 
     ``specs`` supplies controllers that need more than their name (``learned``: a
     policy and its normaliser); every other grower and ``no_growth`` is built by
-    :func:`esper.simic.episodes.baseline_controller`. The grower runs first, since the
+    :func:`esper.evaluation.episodes.baseline_controller`. The grower runs first, since the
     static controls are built from its episodes; rows come back in the order asked for.
     ``on_controller_done`` is called with each result as soon as its episodes are done.
     """
@@ -305,11 +301,9 @@ def compare(
             run_config,
             data,
             spec.make,
-            spec.normalizer,
+            spec.normalize,
             episodes=episodes,
             seed=seed,
-            gamma=gamma,
-            gae_lambda=gae_lambda,
             device=device,
             deterministic=spec.deterministic,
             policy_threads=spec.policy_threads,

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from esper.contracts import BlendMode, LifecycleOp, SeedStage
-from esper.simic.env_config import EnvConfig
+from esper.mdp.env_config import EnvConfig
+from esper.mdp.pairing import Pairing
 from esper.tolaria.snapshot import HostSnapshot
-from tests.simic.envs import small_env
+from tests.mdp.envs import small_env
 
 
 def _ready(n_envs: int = 2):  # type: ignore[no-untyped-def]
@@ -187,7 +188,7 @@ def _host_weights(env) -> list[list[np.ndarray]]:  # type: ignore[no-untyped-def
 
 
 def test_paired_envs_start_from_the_same_weights_and_train_on_the_same_samples() -> None:
-    env = small_env(3, episode_epochs=4, paired=True)
+    env = small_env(3, episode_epochs=4, pairing=Pairing(paired_envs=True))
     env.reset()
     weights = _host_weights(env)  # after the first epoch: same start, same batches
     for other in weights[1:]:
@@ -205,7 +206,7 @@ def test_unpaired_envs_draw_their_own_hosts() -> None:
 def test_a_cnn_run_offers_widen_unless_the_config_names_blueprints() -> None:
     from esper.kasmina import BLUEPRINTS
     from esper.kasmina.hosts.cnn import CNNHost
-    from esper.simic.env_config import blueprint_names
+    from esper.mdp.env_config import blueprint_names
 
     host = CNNHost((1, 8, 8), 10, channels=(2, 4, 8))
     assert blueprint_names(EnvConfig(), host) == ("widen",)
@@ -223,7 +224,7 @@ def test_a_cnn_run_offers_widen_unless_the_config_names_blueprints() -> None:
 
 def test_paired_groups_start_from_their_own_hosts_and_train_on_their_own_share() -> None:
     """Two groups of two: alike within a group (same start, same share), not across."""
-    env = small_env(4, episode_epochs=4, paired=True, pair_size=2)
+    env = small_env(4, episode_epochs=4, pairing=Pairing(True, pair_size=2))
     env.reset()
     weights = _host_weights(env)
 
@@ -237,5 +238,5 @@ def test_paired_groups_start_from_their_own_hosts_and_train_on_their_own_share()
 def test_a_pair_size_that_does_not_divide_the_envs_names_the_field() -> None:
     from esper.contracts.config_errors import ConfigError
 
-    with pytest.raises(ConfigError, match="pair_size"):
-        EnvConfig(n_envs=6, paired=True, pair_size=4)
+    with pytest.raises(ConfigError, match=r"pairing.*pair_size=4"):
+        EnvConfig(n_envs=6, pairing=Pairing(True, pair_size=4))

@@ -1,15 +1,15 @@
-"""The episode runner's baselines (simic/episodes.py) on every host kind."""
+"""The episode runner's baselines (evaluation/episodes.py) on every host kind."""
 
 from __future__ import annotations
 
 import pytest
 
 from esper.contracts import ActionSchema
-from esper.simic.env_config import EnvConfig
-from esper.simic.episodes import baseline_controller, run_episodes
+from esper.mdp.env_config import EnvConfig
+from esper.evaluation.episodes import baseline_controller, run_episodes
 from esper.tamiyo.heuristic import SCRIPTED_GROWTH, preferring_what_fits
 from esper.tolaria.data import TokenSequenceDataModule
-from tests.simic.envs import GAMMA, LAMBDA
+
 
 
 @pytest.mark.slow
@@ -27,11 +27,9 @@ def test_the_scripted_grower_grows_a_transformer_with_the_blueprints_it_has() ->
         config,
         data,
         lambda env: baseline_controller("scripted", env),
-        normalizer=None,
+        normalize=None,
         episodes=2,
         seed=0,
-        gamma=GAMMA,
-        gae_lambda=LAMBDA,
     )
     assert episodes.per_episode["seeds_germinated"].min() >= 1
     assert episodes.per_episode["params_added"].min() > 0

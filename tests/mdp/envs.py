@@ -1,14 +1,14 @@
-"""Small real envs for simic tests: synthetic images, a narrow CNN, short episodes."""
+"""Small real envs for tests: synthetic images, a narrow CNN, short episodes."""
 
 from __future__ import annotations
 
 import torch
 
+from esper.mdp.env import MorphogeneticVecEnv
+from esper.mdp.env_config import EnvConfig
 from esper.simic.buffer import RolloutBuffer
-from esper.simic.env import MorphogeneticVecEnv
-from esper.simic.env_config import EnvConfig
 from esper.simic.normalizer import RunningObsNormalizer
-from esper.simic.rollout import RolloutCollector
+from esper.simic.ppo_collector import PPOCollector
 from esper.tamiyo.policy import PolicyConfig, PolicyNetwork
 from esper.tolaria.data import SyntheticImageDataModule
 
@@ -30,13 +30,13 @@ def small_env(n_envs: int, episode_epochs: int = 4, **overrides: object) -> Morp
     return MorphogeneticVecEnv(config, small_data())
 
 
-def collector(env: MorphogeneticVecEnv, seed: int = 0) -> RolloutCollector:
+def collector(env: MorphogeneticVecEnv, seed: int = 0) -> PPOCollector:
     torch.manual_seed(seed)
     policy = PolicyNetwork(env.layout.dim, env.schema, PolicyConfig(hidden_size=HIDDEN))
     policy.to(env.device)
     buffer = RolloutBuffer(
         env.n_envs, env.decisions_per_episode, env.layout.dim, env.schema, (1, HIDDEN), env.device
     )
-    return RolloutCollector(
+    return PPOCollector(
         env, policy, RunningObsNormalizer(env.layout.dim).to(env.device), buffer, GAMMA, LAMBDA
     )

@@ -8,7 +8,7 @@ import torch
 
 from esper.contracts.rollout import StepBatch
 from esper.host_reads import HostReadCounter
-from tests.simic.envs import collector, small_env
+from tests.mdp.envs import collector, small_env
 
 EPISODE_EPOCHS = 3
 
@@ -17,7 +17,7 @@ EPISODE_EPOCHS = 3
 def test_rollout_reads_the_device_once_per_host_epoch(n_envs: int) -> None:
     col = collector(small_env(n_envs, EPISODE_EPOCHS))
     with HostReadCounter() as counter:
-        _, summary = col.collect(0)
+        _, summary = col.collect_batch(0)
     # One read per host epoch: after each decision's epoch, plus the bootstrap read.
     assert counter.count == EPISODE_EPOCHS, counter.report()
     # The transfers the loop reports are the reads that were measured, not just its tally.
@@ -27,7 +27,7 @@ def test_rollout_reads_the_device_once_per_host_epoch(n_envs: int) -> None:
 def test_every_transition_reaches_the_step_hook_with_host_side_arrays() -> None:
     col = collector(small_env(2, EPISODE_EPOCHS))
     steps: list[StepBatch] = []
-    batch, summary = col.collect(3, on_step=steps.append)
+    batch, summary = col.collect_batch(3, on_step=steps.append)
     assert [s.step for s in steps] == list(range(EPISODE_EPOCHS - 1))
     assert all(s.rollout == 3 for s in steps)
     assert [bool(s.done.all()) for s in steps] == [False] * (EPISODE_EPOCHS - 2) + [True]
@@ -57,7 +57,7 @@ def test_every_transition_reaches_the_step_hook_with_host_side_arrays() -> None:
 
 def test_rollout_gives_a_ppo_batch_with_every_step_valid_and_the_last_terminated() -> None:
     col = collector(small_env(2, EPISODE_EPOCHS))
-    batch, _ = col.collect(0)
+    batch, _ = col.collect_batch(0)
     assert batch.valid.all()
     assert col.buffer.terminated[:, -1].all() and not col.buffer.terminated[:, :-1].any()
     assert batch.episode_starts[:, 0].all() and not batch.episode_starts[:, 1:].any()
@@ -67,13 +67,13 @@ def test_rollout_gives_a_ppo_batch_with_every_step_valid_and_the_last_terminated
 def test_actions_taken_are_legal_under_the_masks() -> None:
     col = collector(small_env(4, 4))
     steps: list[StepBatch] = []
-    col.collect(0, on_step=steps.append)
+    col.collect_batch(0, on_step=steps.append)
     assert not any(s.illegal.any() for s in steps)
 
 
 def test_the_normaliser_learns_from_each_rollout_once() -> None:
     col = collector(small_env(2, EPISODE_EPOCHS))
-    col.collect(0)
+    col.collect_batch(0)
     count = float(col.normalizer.count)
     assert count == 2 * (EPISODE_EPOCHS - 1)
 
@@ -82,18 +82,18 @@ def test_the_normaliser_learns_from_each_rollout_once() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("n_envs", [2, 8])
 def test_cuda_rollout_reads_the_device_once_per_host_epoch(n_envs: int) -> None:
-    from esper.simic.env import MorphogeneticVecEnv
-    from esper.simic.env_config import EnvConfig
-    from tests.simic.envs import small_data
+    from esper.mdp.env import MorphogeneticVecEnv
+    from esper.mdp.env_config import EnvConfig
+    from tests.mdp.envs import small_data
 
     config = EnvConfig(
         n_envs=n_envs, episode_epochs=EPISODE_EPOCHS, host_kwargs={"channels": [4, 8]}
     )
     env = MorphogeneticVecEnv(config, small_data(), "cuda")
     col = collector(env)
-    col.collect(0)  # warm-up: lazy CUDA init makes reads of its own
+    col.collect_batch(0)  # warm-up: lazy CUDA init makes reads of its own
     with HostReadCounter() as counter:
-        batch, summary = col.collect(1)
+        batch, summary = col.collect_batch(1)
     assert counter.count == EPISODE_EPOCHS, counter.report()
     assert summary.packed_transfers == counter.count
     assert batch.advantages.device.type == "cuda"
@@ -120,7 +120,7 @@ def test_the_policy_acts_and_bootstraps_at_its_own_thread_count() -> None:
     previous = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        col.collect(0)
+        col.collect_batch(0)
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(previous)
@@ -149,13 +149,12 @@ def test_a_rollout_that_widens_and_merges_still_reads_the_device_once_per_host_e
     import dataclasses
 
     from esper.kasmina import LifecycleConfig
-    from esper.simic.buffer import RolloutBuffer
-    from esper.simic.env import MorphogeneticVecEnv
-    from esper.simic.env_config import EnvConfig
-    from esper.simic.episodes import RawObservations
-    from esper.simic.rollout import RolloutCollector
+    from esper.mdp.env import MorphogeneticVecEnv
+    from esper.mdp.env_config import EnvConfig
+    from esper.mdp.rollout import RolloutCollector
+    from esper.mdp.transitions import Cursors
     from esper.tamiyo.heuristic import SCRIPTED_GROWTH, HeuristicController
-    from tests.simic.envs import GAMMA, LAMBDA, small_data
+    from tests.mdp.envs import small_data
 
     epochs = 7
     fast = LifecycleConfig(
@@ -175,15 +174,13 @@ def test_a_rollout_that_widens_and_merges_still_reads_the_device_once_per_host_e
         SCRIPTED_GROWTH, blueprint_preference=("widen",), max_germinate_fraction=0.5
     )
     controller = HeuristicController(env.layout, env.schema, config).to(env.device)
-    buffer = RolloutBuffer(
-        env.n_envs, env.decisions_per_episode, env.layout.dim, env.schema, (1, 1), env.device
-    )
-    col = RolloutCollector(env, controller, RawObservations(), buffer, GAMMA, LAMBDA)
+    # Raw observations, as evaluation hands the heuristic; nothing kept but the cursors.
+    col = RolloutCollector(env, controller, Cursors(env.n_envs, env.decisions_per_episode))
     torch.manual_seed(0)
     if device == "cuda":
         col.collect(0)  # warm-up: lazy CUDA init makes reads of its own
     with HostReadCounter() as counter:
-        _, summary = col.collect(1)
+        summary = col.collect(1).summary
     assert counter.count == summary.packed_transfers == epochs, counter.report()
     assert summary.seeds_fossilized.sum() > 0
     assert any(slot.merged for host in env.hosts for slot in host.model.iter_slots())

@@ -12,10 +12,10 @@ import torch
 from esper.contracts.config_errors import ConfigError
 from esper.contracts.rollout import StepBatch
 from esper.host_reads import HostReadCounter
-from esper.simic.control import EnvSnapshot, GovernorRead, PanicConfig, RolloutControl
+from esper.mdp.governor import EnvSnapshot, GovernorRead, PanicConfig, RolloutControl
 from esper.simic.ppo import PPOBatch
-from esper.simic.rollout import RolloutCollector
-from tests.simic.envs import GAMMA, LAMBDA, collector, small_env
+from esper.simic.ppo_collector import PPOCollector
+from tests.mdp.envs import GAMMA, LAMBDA, collector, small_env
 
 N_ENVS = 2
 #: Six decisions per episode: steps 0 to 5.
@@ -61,7 +61,7 @@ class ScriptedGovernor:
 class Run:
     """One collected rollout and what the restored env recorded when it acted."""
 
-    col: RolloutCollector
+    col: PPOCollector
     batch: PPOBatch
     steps: list[StepBatch]
     #: Per step closed, the restored env's transition as stored right after it was priced
@@ -88,7 +88,7 @@ def _run(governor: ScriptedGovernor | None) -> Run:
         record["rewards"] = buf.rewards[RESTORED, pos].clone()
         acted.append(record)
 
-    batch, _ = col.collect(0, on_step=on_step)
+    batch, _ = col.collect_batch(0, on_step=on_step)
     return Run(col, batch, steps, acted)
 
 
@@ -245,7 +245,7 @@ def test_a_governed_rollout_with_a_restore_still_reads_the_device_once_per_epoch
     col = collector(small_env(N_ENVS, EPISODE_EPOCHS), seed=0)
     col.set_governor(ScriptedGovernor())
     with HostReadCounter() as counter:
-        _, summary = col.collect(0)
+        _, summary = col.collect_batch(0)
     assert counter.count == EPISODE_EPOCHS, counter.report()
     assert summary.rollbacks.tolist() == [1, 0]
     # Positions SNAPSHOT_AT .. RESTORE_AT - 2 were dropped; the panicking one was kept.
@@ -255,9 +255,9 @@ def test_a_governed_rollout_with_a_restore_still_reads_the_device_once_per_epoch
 def test_penalise_and_snapshot_outside_steer_are_refused() -> None:
     col = collector(small_env(N_ENVS, 3), seed=0)
     with pytest.raises(RuntimeError, match="steer"):
-        col.penalise(0)
+        col.steering.penalise(0)
     with pytest.raises(RuntimeError, match="steer"):
-        col.snapshot(0)
+        col.steering.snapshot(0)
 
 
 def test_an_env_being_restored_cannot_be_snapshotted_at_the_same_read() -> None:
@@ -271,19 +271,19 @@ def test_an_env_being_restored_cannot_be_snapshotted_at_the_same_read() -> None:
     col = collector(small_env(N_ENVS, EPISODE_EPOCHS), seed=0)
     col.set_governor(Greedy())
     with pytest.raises(ValueError, match="being restored"):
-        col.collect(0)
+        col.collect_batch(0)
 
 
 def test_a_snapshot_of_another_rollout_cannot_be_restored() -> None:
     col = collector(small_env(N_ENVS, 3), seed=0)
     governor = ScriptedGovernor(restore_at=())  # never restores by itself
     col.set_governor(governor)
-    col.collect(0)
+    col.collect_batch(0)
     stale = governor.snap
     assert stale is not None
-    col.collect(1)
+    col.collect_batch(1)
     with pytest.raises(ValueError, match="snapshot of this rollout"):
-        col.request_restore(RESTORED, stale, "stale")
+        col.steering.request_restore(RESTORED, stale, "stale")
 
 
 @pytest.mark.parametrize(

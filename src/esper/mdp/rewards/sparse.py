@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from esper.simic.rewards.base import (
+from esper.mdp.rewards.base import (
     REWARD_DTYPE,
     RewardConfig,
     RewardInputs,

@@ -4,7 +4,7 @@ Python owns the lifecycle (stages, which seed sits where, parameter counts); the
 owns the numbers (losses, accuracies, contributions). The env keeps that split: its
 device-side outputs (observation, masks, metrics) are tensors the rollout loop packs into
 the step's single transfer, and it applies actions from the host-side copy it gets back
-(:mod:`esper.simic.lifecycle_ops` carries them out). The env keeps no per-slot state of its
+(:mod:`esper.mdp.lifecycle_ops` carries them out). The env keeps no per-slot state of its
 own: stages, clocks and gate refusals live on each seed's lifecycle, inside the host, so a
 governor's snapshot of a host is a snapshot of everything the env observes about it.
 """
@@ -23,9 +23,9 @@ from esper.contracts.rollout import LifecycleEvent
 from esper.contracts.stages import CONTRIBUTING_STAGES, COOLDOWN_PATH
 from esper.kasmina import BLUEPRINTS, GrowingHost, HostModel
 from esper.kasmina.architecture import Architecture, build_architecture
-from esper.simic.env_config import EnvConfig, blueprint_names, build_host
-from esper.simic.lifecycle_ops import OpApplier, StepOutcome, lifecycle_event, seed_key
-from esper.simic.rewards import REWARDS, RewardFn, RewardInputs
+from esper.mdp.env_config import EnvConfig, blueprint_names, build_host
+from esper.mdp.lifecycle_ops import OpApplier, StepOutcome, lifecycle_event, seed_key
+from esper.mdp.rewards import REWARDS, RewardFn, RewardInputs
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.features import EnvState, ObservationBuilder, SlotState
 from esper.tamiyo.masks import MaskBuilder

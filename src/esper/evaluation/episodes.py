@@ -1,6 +1,6 @@
 """Fresh, paired episodes under one controller: the runner behind ``esper evaluate``.
 
-Every comparison of controllers (``esper.simic.evaluate``, ``benchmarks/growth.py``) needs
+Every comparison of controllers (``esper.evaluation.evaluate``, ``benchmarks/growth.py``) needs
 the same thing: episodes that start from the same hosts, data order and seed
 initialisations whatever the controller, so that differences between controllers are
 paired per episode. :func:`run_episodes` builds them from evaluation seeds training never
@@ -20,12 +20,11 @@ import torch
 from esper.contracts.evaluation import seed_range
 from esper.contracts.rollout import StepBatch
 from esper.kasmina.architecture import Architecture, final_architecture, final_param_count
-from esper.simic.buffer import RolloutBuffer
-from esper.simic.env import MorphogeneticVecEnv
-from esper.simic.env_config import EnvConfig
-from esper.simic.normalizer import RunningObsNormalizer
-from esper.simic.rollout import Controller, RolloutCollector
-from esper.tamiyo.baselines import STATE_SHAPE, NoGrowthController, RandomLegalController
+from esper.mdp.env import MorphogeneticVecEnv
+from esper.mdp.env_config import EnvConfig
+from esper.mdp.rollout import Controller, ObservationTransform, RolloutCollector
+from esper.mdp.transitions import Cursors
+from esper.tamiyo.baselines import NoGrowthController, RandomLegalController
 from esper.tamiyo.heuristic import SCRIPTED_GROWTH, HeuristicController, preferring_what_fits
 from esper.tamiyo.periodic import periodic_controller
 from esper.tolaria.compute import PROBE_SAMPLES, TrainingCompute
@@ -59,27 +58,6 @@ def group_key(seed: int, group: int) -> int:
     return EVAL_SEED_BASE + seed * GROUPS_PER_SEED + group
 
 
-class RawObservations:
-    """A normaliser that normalises nothing and learns nothing: the collector's stand-in
-    for controllers that read the raw features (the heuristic) or none (the baselines).
-
-    The collector calls its normaliser on every observation and updates it after each
-    rollout; :func:`run_episodes` saves and restores its (empty) state.
-    """
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-    def update(self, *args: object, **kwargs: object) -> None:
-        return None
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        return None
-
-
 @dataclass
 class Episodes:
     """One controller's evaluation episodes.
@@ -109,12 +87,10 @@ class Episodes:
 def run_episodes(
     config: EnvConfig,
     data: HostDataModule,
-    make_controller: Callable[[MorphogeneticVecEnv], tuple[Controller, tuple[int, int]]],
-    normalizer: RunningObsNormalizer | None,
+    make_controller: Callable[[MorphogeneticVecEnv], Controller],
+    normalize: ObservationTransform | None,
     episodes: int,
     seed: int,
-    gamma: float,
-    gae_lambda: float,
     device: str = "cpu",
     deterministic: bool = True,
     policy_threads: int | None = None,
@@ -124,9 +100,10 @@ def run_episodes(
 
     Group ``g`` starts from the same hosts, data order and seed initialisations for every
     controller (all are keyed by :func:`group_key` of ``seed`` and ``g``), so episodes of
-    two controllers are paired. ``normalizer`` (the learned policy's) is used, never
-    updated; None hands the controller the raw observations, as every untrained one
-    expects. ``policy_threads``: intra-op threads for the controller's act and value on
+    two controllers are paired. ``normalize`` (the learned policy's normaliser) makes
+    the observations the controller sees; nothing here updates it. None hands the
+    controller the raw observations, as every untrained one expects. No transition is
+    kept and nothing is learned: the envs' step batches and summaries are the result. ``policy_threads``: intra-op threads for the controller's act and value on
     the CPU, as in training (``PolicyConfig.cpu_threads``; None: torch's count).
     ``architectures`` (one per episode) are built into each episode's host before its
     first epoch (the ``static_final`` control).
@@ -137,9 +114,6 @@ def run_episodes(
     seed_range(seed)
     if architectures is not None and len(architectures) != episodes:
         raise ValueError(f"{len(architectures)} architectures for {episodes} episodes")
-    collector_normalizer: RunningObsNormalizer | RawObservations = (
-        RawObservations() if normalizer is None else normalizer
-    )
     group = config.n_envs  # as many envs side by side as in training: same data share each
     parts: dict[str, list[np.ndarray]] = {}
     curves: list[np.ndarray] = []
@@ -157,29 +131,19 @@ def run_episodes(
         if architectures is not None:
             mine = list(architectures[g * group : g * group + keep])
             env.initial_architectures = mine + [None] * (group - keep)
-        controller, state_shape = make_controller(env)
-        buffer = RolloutBuffer(
-            group, env.decisions_per_episode, env.layout.dim, env.schema, state_shape, device
-        )
+        controller = make_controller(env)
+        store = Cursors(group, env.decisions_per_episode)
         collector = RolloutCollector(
-            env,
-            controller,
-            collector_normalizer,
-            buffer,
-            gamma,
-            gae_lambda,
-            policy_threads=policy_threads,
+            env, controller, store, normalize, policy_threads=policy_threads
         )
         collector.seed_offset = seed_g  # seeds planted from generators training never used
         collector.seed_stride = 0
         steps: list[StepBatch] = []
-        normalizer_state = {k: v.clone() for k, v in collector_normalizer.state_dict().items()}
         start = time.perf_counter()
         # A sampling controller draws from the global generator, seeded above after the
         # hosts were built: the same draws on a repeat, and the same hosts as the others.
-        _, summary = collector.collect(0, on_step=steps.append, deterministic=deterministic)
+        summary = collector.collect(0, on_step=steps.append, deterministic=deterministic).summary
         wall += time.perf_counter() - start
-        collector_normalizer.load_state_dict(normalizer_state)  # evaluation must not learn
         end = _measure_end(env, data, device)
         for field_name in EPISODE_FIELDS:
             values = np.asarray(getattr(summary, field_name), dtype=float)
@@ -217,12 +181,12 @@ def _measure_end(
     }
 
 
-def baseline_controller(name: str, env: MorphogeneticVecEnv) -> tuple[Controller, tuple[int, int]]:
+def baseline_controller(name: str, env: MorphogeneticVecEnv) -> Controller:
     """A controller that needs no training (every name of
     ``esper.contracts.evaluation.GROWERS`` but ``learned``, and ``no_growth``), on
-    ``env``'s device, with the recurrent-state shape the buffer stores.
+    ``env``'s device.
 
-    Run it with ``run_episodes(..., normalizer=None)``: the heuristic's thresholds are in
+    Run it with ``run_episodes(..., normalize=None)``: the heuristic's thresholds are in
     the units of the raw features, and the others ignore the observation.
     """
     builders: dict[str, Callable[[], torch.nn.Module]] = {
@@ -236,4 +200,4 @@ def baseline_controller(name: str, env: MorphogeneticVecEnv) -> tuple[Controller
         "random": RandomLegalController,
         "no_growth": NoGrowthController,
     }
-    return builders[name]().to(env.device), STATE_SHAPE
+    return builders[name]().to(env.device)

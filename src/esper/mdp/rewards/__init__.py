@@ -7,10 +7,10 @@ with :func:`total` and logs each one.
 
 from __future__ import annotations
 
+from esper.mdp.rewards.base import RewardConfig, RewardFn, RewardInputs, total
+from esper.mdp.rewards.shaped import shaped_reward
+from esper.mdp.rewards.sparse import sparse_reward
 from esper.plugins import Registry
-from esper.simic.rewards.base import RewardConfig, RewardFn, RewardInputs, total
-from esper.simic.rewards.shaped import shaped_reward
-from esper.simic.rewards.sparse import sparse_reward
 
 
 def _as_reward_fn(name: str, obj: object) -> RewardFn:

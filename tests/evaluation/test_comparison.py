@@ -16,10 +16,10 @@ from esper.contracts import SeedStage
 from esper.contracts.evaluation import REPORTING_SEEDS, TUNING_SEEDS
 from esper.kasmina import CNNHost, GrowingHost
 from esper.kasmina.sizing import DEFAULT_TOLERANCE
-from esper.simic.comparison import Evaluation, compare
-from esper.simic.env_config import EnvConfig
-from esper.simic.episodes import GROUPS_PER_SEED, group_key
-from esper.simic.statistics import paired_difference
+from esper.evaluation.comparison import Evaluation, compare
+from esper.mdp.env_config import EnvConfig
+from esper.evaluation.episodes import GROUPS_PER_SEED, group_key
+from esper.report.statistics import paired_difference
 from esper.tamiyo.periodic import periodic_schedule
 from esper.tolaria.compute import TrainingCompute
 from esper.tolaria.data import SyntheticImageDataModule
@@ -47,8 +47,6 @@ def _compare(controllers: tuple[str, ...], data: HostDataModule | None = None) -
         controllers,
         episodes=EPISODES,
         seed=0,
-        gamma=0.99,
-        gae_lambda=0.95,
         grower="scripted",
     )
 
@@ -207,7 +205,7 @@ def test_a_comparison_that_cannot_run_says_why_before_running(
     controllers: tuple[str, ...], grower: str, message: str
 ) -> None:
     with pytest.raises(ValueError, match=message):
-        compare(_config(), _data(), controllers, 1, 0, 0.99, 0.95, grower=grower)
+        compare(_config(), _data(), controllers, 1, 0, grower=grower)
 
 
 @given(

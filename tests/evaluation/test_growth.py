@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from esper.simic.env_config import EnvConfig
-from esper.simic.episodes import baseline_controller, run_episodes
+from esper.mdp.env_config import EnvConfig
+from esper.evaluation.episodes import baseline_controller, run_episodes
 from esper.tolaria.data import DigitsDataModule
 
 EPISODES = 4
@@ -29,8 +29,6 @@ def _final_acc(name: str) -> list[float]:
         None,
         episodes=EPISODES,
         seed=0,
-        gamma=0.99,
-        gae_lambda=0.95,
     )
     assert name == "no_growth" or run.per_episode["seeds_fossilized"].min() >= 1
     return run.per_episode["final_val_acc"].tolist()
