@@ -15,10 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from esper.contracts import BlendMode, IllegalTransitionError, SeedStage, check_transition
 from esper.contracts.config_errors import owned_by, require_int, require_number
 from esper.contracts.stages import COOLDOWN_PATH, LIVE_STAGES, next_on_success_path
 from esper.kasmina.blending import blend_alpha
+
+#: Epochs a pruned seed stays PRUNED before its slot's embargo starts.
+PRUNED_EPOCHS = 1
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,27 @@ class LifecycleConfig:
                 self.min_contribution,
                 hint="a difference in val accuracy (with the seed minus without), e.g. 0.0 or 0.01",
             )
+
+    def epochs_due(self, stage: SeedStage) -> int:
+        """Epochs a seed spends in ``stage`` before it may move on (0: time is not what
+        it waits for there). The one statement of the timing rules: the gates, the
+        cool-down clock and the action masks all read it."""
+        return {
+            SeedStage.TRAINING: self.min_training_epochs,
+            SeedStage.BLENDING: self.blend_epochs,
+            SeedStage.HOLDING: self.min_holding_epochs,
+            SeedStage.PRUNED: PRUNED_EPOCHS,
+            SeedStage.EMBARGOED: self.embargo_epochs,
+            SeedStage.RESETTING: self.reset_epochs,
+        }.get(stage, 0)
+
+    def served(self, stages: np.ndarray, epochs_in_stage: np.ndarray) -> np.ndarray:
+        """Per seed, whether it has spent its stage's :meth:`epochs_due` (any shape of
+        ``stages`` and ``epochs_in_stage`` ints, e.g. ``[E, S]``)."""
+        due = np.zeros(max(SeedStage) + 1, dtype=np.int64)
+        for stage in SeedStage:
+            due[stage] = self.epochs_due(stage)
+        return epochs_in_stage >= due[stages]
 
 
 @dataclass(frozen=True)
@@ -180,19 +206,15 @@ class SeedLifecycle:
             return PASSED
         if not signals.grads_finite:
             return GateResult(False, "seed gradients were not finite in the last epoch")
-        if target is SeedStage.BLENDING and n < cfg.min_training_epochs:
-            return _waiting(f"TRAINING for {n} of {cfg.min_training_epochs} epochs")
-        if target is SeedStage.HOLDING and n < cfg.blend_epochs:
-            return _waiting(f"BLENDING for {n} of {cfg.blend_epochs} epochs")
-        if target is SeedStage.FOSSILIZED:
-            if n < cfg.min_holding_epochs:
-                return _waiting(f"HOLDING for {n} of {cfg.min_holding_epochs} epochs")
-            if not signals.contribution > cfg.min_contribution:
-                return GateResult(
-                    False,
-                    f"contribution {signals.contribution:+.4f} is not above "
-                    f"{cfg.min_contribution:+.4f}",
-                )
+        due = cfg.epochs_due(self.stage)
+        if n < due:
+            return _waiting(f"{self.stage.name} for {n} of {due} epochs")
+        if target is SeedStage.FOSSILIZED and not signals.contribution > cfg.min_contribution:
+            return GateResult(
+                False,
+                f"contribution {signals.contribution:+.4f} is not above "
+                f"{cfg.min_contribution:+.4f}",
+            )
         return PASSED
 
     def gate_next(self, signals: GateSignals) -> GateResult:
@@ -241,12 +263,9 @@ class SeedLifecycle:
         -> DORMANT), so callers can report it.
         """
         self.epochs_in_stage += 1
-        due = {
-            SeedStage.PRUNED: 1,
-            SeedStage.EMBARGOED: self.config.embargo_epochs,
-            SeedStage.RESETTING: self.config.reset_epochs,
-        }.get(self.stage)
-        if due is None or self.epochs_in_stage < due:
+        if self.stage not in COOLDOWN_PATH[:-1]:
+            return None
+        if self.epochs_in_stage < self.config.epochs_due(self.stage):
             return None
         nxt = COOLDOWN_PATH[COOLDOWN_PATH.index(self.stage) + 1]
         self._enter(nxt)

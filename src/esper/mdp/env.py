@@ -20,8 +20,8 @@ from torch import Tensor
 
 from esper.contracts import ActionSchema, ObservationLayout
 from esper.contracts.rollout import LifecycleEvent
-from esper.contracts.stages import CONTRIBUTING_STAGES, COOLDOWN_PATH
-from esper.kasmina import BLUEPRINTS, GrowingHost, HostModel
+from esper.contracts.stages import CONTRIBUTING_STAGES
+from esper.kasmina import BLUEPRINTS, GrowingHost, HostModel, clock
 from esper.kasmina.architecture import Architecture, build_architecture
 from esper.mdp.env_config import EnvConfig, blueprint_names, build_host
 from esper.mdp.lifecycle_ops import OpApplier, StepOutcome, lifecycle_event, seed_key
@@ -235,10 +235,17 @@ class MorphogeneticVecEnv:
         self.result = result
         self.host_epoch += 1
         for e, host in enumerate(self.hosts):
-            for slot_id, stage in host.end_epoch().items():
-                before = COOLDOWN_PATH[COOLDOWN_PATH.index(stage) - 1]
+            for move in clock.after_epoch(host):
                 self._events.append(
-                    lifecycle_event("cooldown", e, host, slot_id, before, stage, self.host_epoch)
+                    lifecycle_event(
+                        "cooldown",
+                        e,
+                        host,
+                        move.slot_id,
+                        move.stage_from,
+                        move.stage_to,
+                        self.host_epoch,
+                    )
                 )
         return result
 

@@ -1,8 +1,9 @@
-"""Carrying out one step's lifecycle ops on a batch of hosts, and the clock's own advances.
+"""Carrying out one step's lifecycle ops on a batch of hosts, then the clock's advances.
 
 The vectorised env (:class:`~esper.mdp.env.MorphogeneticVecEnv`) hands this module the
 host-side copy of the step's actions and gate signals; everything here is Python work on
-the lifecycle (no device reads). Refusals are recorded on each seed's
+the lifecycle (no device reads). The advances that wait only for time are the lifecycle
+clock's (:func:`esper.kasmina.clock.after_decision`); this module reports them. Refusals are recorded on each seed's
 :class:`~esper.kasmina.lifecycle.SeedLifecycle` (``last_refusal``), their one home, so a
 snapshot of a host carries them and a restore brings them back with it.
 """
@@ -17,8 +18,7 @@ import torch
 
 from esper.contracts import BlendMode, LifecycleOp, SeedStage
 from esper.contracts.rollout import LifecycleEvent
-from esper.contracts.stages import CLOCK_STAGES
-from esper.kasmina import GrowingHost
+from esper.kasmina import GrowingHost, clock
 from esper.kasmina.lifecycle import GateSignals
 from esper.tamiyo.masks import MaskBuilder
 
@@ -121,37 +121,10 @@ class OpApplier:
             if active is not None and not active[e]:
                 continue
             self._apply_one(step, e, host, actions[e], contribution[e], grads_finite[e])
-            self._advance_on_clock(step, e, host, grads_finite[e], out["germinated"][e])
+            for move in clock.after_decision(host, grads_finite[e], out["germinated"][e]):
+                kind, reason = ("refused", move.reason) if move.refused else ("advanced", "clock")
+                self._event(step, kind, e, host, move.slot_id, move.stage_from, reason=reason)
         return StepOutcome(**out), step.events
-
-    def _advance_on_clock(
-        self, step: _Step, e: int, host: GrowingHost, grads_finite: np.ndarray, just_planted: bool
-    ) -> None:
-        """Move env ``e``'s seeds on from the stages that only wait for time.
-
-        GERMINATED -> TRAINING -> BLENDING -> HOLDING need no judgement, only epochs and
-        finite gradients, so they happen here as soon as their gate passes and are never
-        the policy's decision. A refusal for another reason than time (gradients not
-        finite) is reported like any other, once until it clears; waiting is not. A seed
-        planted this step keeps its GERMINATED epoch.
-        """
-        for s, slot_id in enumerate(self.slot_ids):
-            slot = host.model.slot(slot_id)
-            if slot.stage not in CLOCK_STAGES or (
-                just_planted and slot.stage is SeedStage.GERMINATED
-            ):
-                continue
-            signals = GateSignals(grads_finite=bool(grads_finite[s]))
-            result = slot.lifecycle.gate_next(signals)
-            if result.waiting:
-                continue
-            before = slot.stage
-            if result.passed:
-                host.advance(slot_id, signals)
-                self._event(step, "advanced", e, host, slot_id, before, reason="clock")
-            elif not slot.lifecycle.refused:
-                slot.lifecycle.note_refusal(result)
-                self._event(step, "refused", e, host, slot_id, before, reason=result.reason)
 
     def _apply_one(
         self,

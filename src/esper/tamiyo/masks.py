@@ -3,8 +3,8 @@
 The rules: WAIT is always legal. GERMINATE needs a DORMANT slot and a
 blueprint that fits that slot and keeps the env under its parameter budget. ADVANCE is
 the policy's only for FOSSILIZE: a HOLDING seed that has held for ``min_holding_epochs``
-(the clock takes seeds from GERMINATED to HOLDING by itself, see
-``esper.mdp.env``), so no ADVANCE is offered that a gate would refuse for time alone.
+(the clock takes seeds from GERMINATED to HOLDING by itself:
+``esper.kasmina.clock``; how long each stage lasts is ``LifecycleConfig.epochs_due``), so no ADVANCE is offered that a gate would refuse for time alone.
 PRUNE needs a seed old enough to judge: one whose contribution is measured (BLENDING,
 HOLDING), or one stuck in TRAINING past ``min_training_epochs`` (its gradients were not
 finite, so the clock could not move it). The blend head is free for GERMINATE.
@@ -65,9 +65,9 @@ class MaskBuilder:
         room = self.param_budget - seed_params  # [E]
         blueprint = self.fits[None] & (self.blueprint_params[None] <= room[:, None, None])
         dormant = stages == int(SeedStage.DORMANT)
-        cfg = self.lifecycle
-        held = (stages == int(SeedStage.HOLDING)) & (epochs_in_stage >= cfg.min_holding_epochs)
-        stuck = (stages == int(SeedStage.TRAINING)) & (epochs_in_stage >= cfg.min_training_epochs)
+        served = self.lifecycle.served(stages, epochs_in_stage)  # the clock's timing rules
+        held = (stages == int(SeedStage.HOLDING)) & served
+        stuck = (stages == int(SeedStage.TRAINING)) & served
         slot = np.zeros((n_envs, n_ops, n_slots), dtype=bool)
         slot[:, LifecycleOp.GERMINATE] = dormant & blueprint.any(axis=2)
         slot[:, LifecycleOp.ADVANCE] = held
