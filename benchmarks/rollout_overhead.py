@@ -62,6 +62,7 @@ from esper.kasmina.incubation import IncubationPass, incubating_slots, recording
 from esper.simic.module import DEFAULT_HOST_KWARGS, PPOModule
 from esper.tolaria.data import DATAMODULES
 from esper.tolaria.epoch import env_share, run_epoch
+from esper.tolaria.host_training import HostTraining
 from esper.tolaria.parallel import resolve_workers, run_env_steps
 
 #: The two hosts of issue 16: esper-lite's (6 418 parameters on 3x32x32) and esper's default.
@@ -311,7 +312,7 @@ def run_epoch_compute(
     counterfactual replicas, accumulators, gradient flags and the workers' hand-off."""
     start = time.perf_counter()
     for epoch in update:
-        run_epoch(epoch, train, val, paired_group=group, cpu_workers=workers)
+        run_epoch(epoch, train, val, HostTraining(paired_group=group, cpu_workers=workers))
     return time.perf_counter() - start
 
 

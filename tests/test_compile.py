@@ -12,6 +12,7 @@ from esper.kasmina import CNNHost, GrowingHost, LifecycleConfig
 from esper.kasmina.lifecycle import GateSignals
 from esper.tamiyo.policy import PolicyConfig, PolicyNetwork
 from esper.tolaria.epoch import run_epoch
+from esper.tolaria.host_training import HostTraining
 from tests.mdp.envs import small_env
 from tests.tolaria.loaders import image_loaders
 
@@ -43,7 +44,7 @@ def test_compiled_host_epochs_match_eager_and_stop_compiling_in_steady_state() -
         expected = run_epoch(eager, train, val)
         if epoch == 1:
             graphs = counters["stats"]["unique_graphs"]
-        result = run_epoch(compiled, train, val, compile=True)
+        result = run_epoch(compiled, train, val, HostTraining(compile=True))
         for name, value in expected.as_dict().items():
             torch.testing.assert_close(result.as_dict()[name], value, **TOLERANCE, msg=name)
         for env in (*eager, *compiled):

@@ -16,6 +16,7 @@ from esper.kasmina.lifecycle import GateSignals
 from esper.simic.module import PPOModule
 from esper.tolaria.data import DATAMODULES
 from esper.tolaria.epoch import run_epoch
+from esper.tolaria.host_training import HostTraining
 from tests.benchmarks.loading import load_benchmark
 from tests.kasmina.factories import FAST
 
@@ -46,7 +47,7 @@ def test_pure_host_compute_trains_each_env_on_the_share_run_epoch_gives_it(
     pure, trained = _hosts(4), _hosts(4)
 
     bench.pure_host_compute([pure], train, val, workers=1, group=group)
-    run_epoch(trained, train, val, paired_group=group, cpu_workers=1)
+    run_epoch(trained, train, val, HostTraining(paired_group=group, cpu_workers=1))
 
     for p_host, r_host in zip(pure, trained, strict=True):
         mine = dict(p_host.model.named_parameters())

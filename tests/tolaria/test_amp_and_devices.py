@@ -11,6 +11,7 @@ from esper.host_reads import HostReadCounter
 from esper.kasmina import CNNHost, GrowingHost
 from esper.mdp.env_config import EnvConfig
 from esper.tolaria.epoch import run_epoch
+from esper.tolaria.host_training import HostTraining
 from tests.tolaria.loaders import image_loaders
 
 
@@ -24,7 +25,7 @@ def test_bf16_autocast_trains_without_host_reads_and_changes_the_numbers() -> No
     train, val = image_loaders()
     expected = run_epoch(full, train, val)
     with HostReadCounter() as counter:
-        result = run_epoch(mixed, train, val, amp="bf16")
+        result = run_epoch(mixed, train, val, HostTraining(amp="bf16"))
     assert counter.count == 0, counter.report()
     assert torch.isfinite(result.train_loss).all()
     assert not torch.equal(result.train_loss, expected.train_loss)  # autocast was on
@@ -35,17 +36,17 @@ def test_fp16_keeps_one_grad_scaler_per_device_across_epochs() -> None:
     envs = _envs()
     scalers: dict[torch.device, torch.amp.GradScaler] = {}
     train, val = image_loaders()
-    run_epoch(envs, train, val, amp="fp16", scalers=scalers)
+    run_epoch(envs, train, val, HostTraining(amp="fp16"), scalers=scalers)
     assert list(scalers) == [torch.device("cpu")]
     scaler = scalers[torch.device("cpu")]
-    run_epoch(envs, train, val, amp="fp16", scalers=scalers)
+    run_epoch(envs, train, val, HostTraining(amp="fp16"), scalers=scalers)
     assert scalers[torch.device("cpu")] is scaler
     assert all(torch.isfinite(p).all() for env in envs for p in env.model.parameters())
 
 
 def test_unknown_amp_setting_is_refused() -> None:
-    with pytest.raises(ValueError, match="amp must be one of"):
-        run_epoch(_envs(), *image_loaders(), amp="fp8")
+    with pytest.raises(ValueError, match=r"HostTraining\.amp: must be one of"):
+        HostTraining(amp="fp8")
     with pytest.raises(ValueError, match=r"EnvConfig\.amp"):
         EnvConfig(amp="int8")
 

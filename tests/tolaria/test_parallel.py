@@ -24,6 +24,7 @@ from esper.kasmina import GrowingHost, TransformerHost
 from esper.mdp.env_config import EnvConfig
 from esper.tolaria import epoch
 from esper.tolaria.epoch import EpochResult, run_epoch
+from esper.tolaria.host_training import HostTraining
 from esper.tolaria.parallel import resolve_workers, run_env_steps, threads_per_worker
 from tests.mdp.envs import collector, small_env
 from tests.tolaria.loaders import image_loaders, token_loaders
@@ -73,8 +74,8 @@ def test_cnn_envs_in_workers_equal_the_sequential_path_bit_for_bit(workers: int)
     sequential, parallel = cnn_envs(), cnn_envs()
     train, val = image_loaders()
     for _ in range(3):
-        expected = run_epoch(sequential, train, val, cpu_workers=1)
-        got = run_epoch(parallel, train, val, cpu_workers=workers)
+        expected = run_epoch(sequential, train, val, HostTraining(cpu_workers=1))
+        got = run_epoch(parallel, train, val, HostTraining(cpu_workers=workers))
         assert_same_result(expected, got)
     assert_same_hosts(sequential, parallel)
     assert torch.get_num_threads() == 1  # restored, not left at the workers' count
@@ -98,10 +99,10 @@ def test_with_spare_cores_each_worker_runs_on_its_share_and_equals_that_many_thr
         assert threads_per_worker(2) == 2 and threads_per_worker(3) == 1
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(epoch, "_train_env_on_batch", counting)
-            got = run_epoch(parallel, train, val, cpu_workers=2)
+            got = run_epoch(parallel, train, val, HostTraining(cpu_workers=2))
         assert set(seen) == {2}, seen
         torch.set_num_threads(2)
-        expected = run_epoch(sequential, train, val, cpu_workers=1)
+        expected = run_epoch(sequential, train, val, HostTraining(cpu_workers=1))
     finally:
         torch.set_num_threads(1)
     assert_same_result(expected, got)
@@ -112,8 +113,8 @@ def test_transformer_envs_in_workers_equal_the_sequential_path_with_paired_share
     sequential, parallel = transformer_envs(), transformer_envs()
     train, val = token_loaders()
     for _ in range(2):
-        expected = run_epoch(sequential, train, val, cpu_workers=1, paired_group=3)
-        got = run_epoch(parallel, train, val, cpu_workers=2, paired_group=3)
+        expected = run_epoch(sequential, train, val, HostTraining(cpu_workers=1, paired_group=3))
+        got = run_epoch(parallel, train, val, HostTraining(cpu_workers=2, paired_group=3))
         assert_same_result(expected, got)
     assert_same_hosts(sequential, parallel)
 
@@ -122,7 +123,7 @@ def test_workers_read_nothing_on_the_host() -> None:
     envs = cnn_envs()
     train, val = image_loaders()
     with HostReadCounter() as counter:
-        run_epoch(envs, train, val, cpu_workers=2)
+        run_epoch(envs, train, val, HostTraining(cpu_workers=2))
     assert counter.count == 0, counter.report()
 
 
@@ -170,11 +171,11 @@ def test_a_worker_error_is_raised_after_every_worker_stopped(
 
     monkeypatch.setattr(epoch, "_train_env_on_batch", recording)
     with pytest.raises(ValueError, match=r"CNNHost expects images shaped \[batch, 1, 8, 8\]"):
-        run_epoch(envs, bad, val, cpu_workers=2)
+        run_epoch(envs, bad, val, HostTraining(cpu_workers=2))
     assert workers and not any(t.is_alive() for t in workers)
     assert threading.main_thread() not in workers  # it was the workers that failed
     assert torch.get_num_threads() == 1
-    run_epoch(envs, train, val, cpu_workers=2)  # the envs still train afterwards
+    run_epoch(envs, train, val, HostTraining(cpu_workers=2))  # the envs still train afterwards
 
 
 def _count_steps(

@@ -200,13 +200,9 @@ class MorphogeneticVecEnv:
                 self.hosts,
                 self._train_loader,
                 self._val_loader,
-                on_oom=self.config.on_oom,
-                compile=self.config.compile,
-                amp=self.config.amp,
+                self.config.host_training,
                 scalers=self._scalers,
                 result_device=self.device,
-                paired_group=self.config.paired_group,
-                cpu_workers=self.config.cpu_workers,
             )
         except RuntimeError as exc:
             if "DataLoader worker" not in str(exc):

@@ -23,7 +23,7 @@ from esper.kasmina.widen_init import WIDEN_INITS
 from esper.mdp.pairing import UNPAIRED, Pairing
 from esper.mdp.rewards import REWARDS, RewardConfig
 from esper.tolaria.data.base import HostDataModule
-from esper.tolaria.epoch import AMP_DTYPES, OOM_POLICIES
+from esper.tolaria.host_training import HostTraining, check_host_training
 
 
 @dataclass(frozen=True)
@@ -74,12 +74,9 @@ class EnvConfig:
                     "pairing", f"must be an esper.mdp.pairing.Pairing, got {self.pairing!r}"
                 )
             require_choice("widen_init", self.widen_init, WIDEN_INITS)
-            if self.cpu_workers is not None:
-                require_int("cpu_workers", self.cpu_workers, 1, hint="or null for every core")
-            require_choice("amp", self.amp, AMP_DTYPES)
+            check_host_training(self.on_oom, self.compile, self.amp, self.cpu_workers)
             if self.devices is not None and not self.devices:
                 raise ConfigError("devices", "is empty; pass null to use the module's device")
-            require_choice("on_oom", self.on_oom, OOM_POLICIES)
             require_int("n_envs", self.n_envs, 1)
             require_int(
                 "episode_epochs",
@@ -95,6 +92,17 @@ class EnvConfig:
                 self.pairing.group(self.n_envs)
             except ValueError as exc:
                 raise ConfigError("pairing", str(exc)) from None
+
+    @property
+    def host_training(self) -> HostTraining:
+        """How this env group's hosts train each epoch (what ``run_epoch`` takes)."""
+        return HostTraining(
+            on_oom=self.on_oom,
+            compile=self.compile,
+            amp=self.amp,
+            paired_group=self.paired_group,
+            cpu_workers=self.cpu_workers,
+        )
 
     @property
     def paired_group(self) -> int | None:

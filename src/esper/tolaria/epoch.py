@@ -33,19 +33,13 @@ from esper.tolaria.accumulators import (
 )
 from esper.tolaria.compiled import compiled_forward_loss, forward_loss
 from esper.tolaria.counterfactual import validate_with_counterfactuals
+from esper.tolaria.host_training import HostTraining
 from esper.tolaria.parallel import resolve_workers, run_env_steps
 from esper.tolaria.streams import env_streams as _env_streams
 from esper.tolaria.streams import on_stream as _on_stream
 
-#: Autocast dtypes by the ``amp`` setting (None: full precision).
-AMP_DTYPES: dict[str, torch.dtype | None] = {
-    "off": None,
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-}
-
-#: What ``run_epoch`` does when an env runs out of device memory while training.
-OOM_POLICIES: tuple[str, ...] = ("raise", "skip_env_epoch")
+#: The settings of a plain host epoch: full precision, no compile, every core.
+DEFAULT_TRAINING = HostTraining()
 
 
 class HostOutOfMemoryError(RuntimeError):
@@ -99,23 +93,17 @@ def run_epoch(
     envs: Sequence[GrowingHost],
     train_batches: Iterable[tuple[Tensor, Tensor]],
     val_batches: Iterable[tuple[Tensor, Tensor]],
-    on_oom: str = "raise",
-    compile: bool = False,
-    amp: str = "off",
+    training: HostTraining = DEFAULT_TRAINING,
     scalers: dict[torch.device, torch.amp.GradScaler] | None = None,
     result_device: torch.device | str | None = None,
-    paired_group: int | None = None,
-    cpu_workers: int | None = None,
 ) -> EpochResult:
     """Train each env for one pass over ``train_batches``, then validate all envs together.
 
-    ``on_oom``: when an env runs out of device memory while training, ``"raise"`` stops
-    with :class:`HostOutOfMemoryError` naming the env; ``"skip_env_epoch"`` lets that env
-    sit out the rest of the epoch's training (its metrics cover the batches it did train
-    on) while the other envs go on. ``compile`` runs each host's forward and loss (and so
-    its backward) through ``torch.compile``. ``amp`` (``off``, ``bf16``, ``fp16``) runs the
-    forward under autocast; with ``fp16`` pass ``scalers``, a dict the caller keeps across
-    epochs, which gets one ``GradScaler`` per device.
+    ``training`` says how (:class:`~esper.tolaria.host_training.HostTraining`: out-of-memory
+    policy, compile, autocast, paired groups, CPU worker threads). An env skipped for
+    memory (``on_oom="skip_env_epoch"``) has metrics covering the batches it did train
+    on. With ``amp="fp16"`` pass ``scalers``, a dict the caller keeps across epochs, which
+    gets one ``GradScaler`` per device.
 
     Envs may live on different devices (round-robin placement over several GPUs): each
     gets the batch copied to its device, trains on its own stream there, and its figures
@@ -133,15 +121,13 @@ def run_epoch(
     runs with the ``k``-th BLENDING/HOLDING seed's alpha at 0, giving all counterfactual
     accuracies from the same pass.
 
-    ``cpu_workers``: when every env is on the CPU, envs train and validate in this many
-    threads at once (``esper.tolaria.parallel``; None: one per core torch uses, at most
-    one per env; 1: one after another). Results equal the sequential path's. Compiled
-    hosts and fp16 (one GradScaler shared by a device's envs) stay sequential.
+    CPU worker threads (``cpu_workers``) train and validate envs at once; compiled hosts
+    and fp16 (one GradScaler shared by a device's envs) stay sequential.
     """
     if not envs:
         raise ValueError("run_epoch needs at least one env")
-    if on_oom not in OOM_POLICIES:
-        raise ValueError(f"on_oom must be one of {OOM_POLICIES}, got {on_oom!r}")
+    on_oom, compile, amp = training.on_oom, training.compile, training.amp
+    paired_group = training.paired_group
     slot_ids = envs[0].slot_ids
     for i, env in enumerate(envs):
         if env.slot_ids != slot_ids:
@@ -149,12 +135,9 @@ def run_epoch(
                 f"env {i} has slots {list(env.slot_ids)} but env 0 has {list(slot_ids)}; "
                 "all envs of one run must use the same host architecture"
             )
-    if paired_group is not None and (paired_group < 1 or len(envs) % paired_group):
+    if paired_group is not None and len(envs) % paired_group:
         raise ValueError(f"paired_group={paired_group} must divide the {len(envs)} envs")
-    if amp not in AMP_DTYPES:
-        raise ValueError(f"amp must be one of {list(AMP_DTYPES)}, got {amp!r}")
     device = envs[0].device if result_device is None else torch.device(result_device)
-    amp_dtype = AMP_DTYPES[amp]
     if amp == "fp16":
         scalers = {} if scalers is None else scalers
         for env in envs:
@@ -162,12 +145,12 @@ def run_epoch(
     options = _Options(
         on_oom=on_oom,
         forward_loss=compiled_forward_loss() if compile else forward_loss,
-        amp_dtype=amp_dtype,
+        amp_dtype=training.amp_dtype,
         scalers=scalers if amp == "fp16" else None,
         paired_group=paired_group,
         compiled=compile,
     )
-    workers = resolve_workers(cpu_workers, len(envs))
+    workers = resolve_workers(training.cpu_workers, len(envs))
     if workers > 1 and not compile and amp != "fp16" and all(e.device.type == "cpu" for e in envs):
         train, (val_loss, val_acc, cf_acc) = _train_and_validate_in_workers(
             envs, train_batches, val_batches, options, workers, device

@@ -1,0 +1,69 @@
+"""How a host epoch trains: the settings ``run_epoch`` takes whole, checked once here.
+
+``EnvConfig`` (the user's fields, named in config errors) hands its env group's share of
+them to every host epoch as one :class:`HostTraining`; ``run_epoch`` trusts it and only
+checks what depends on the envs it is given (a paired group must divide them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from esper.contracts.config_errors import owned_by, require_bool, require_choice, require_int
+
+#: Autocast dtypes by the ``amp`` setting (None: full precision).
+AMP_DTYPES: dict[str, torch.dtype | None] = {
+    "off": None,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
+
+#: What ``run_epoch`` does when an env runs out of device memory while training.
+OOM_POLICIES: tuple[str, ...] = ("raise", "skip_env_epoch")
+
+
+def check_host_training(on_oom: object, compile: object, amp: object, cpu_workers: object) -> None:
+    """The checks of the user-set fields, for whichever config holds them."""
+    require_choice("on_oom", on_oom, OOM_POLICIES)
+    require_bool("compile", compile)
+    require_choice("amp", amp, AMP_DTYPES)
+    if cpu_workers is not None:
+        require_int("cpu_workers", cpu_workers, 1, hint="or null for every core")
+
+
+@dataclass(frozen=True)
+class HostTraining:
+    """How every host of a batch of envs trains for an epoch.
+
+    Attributes:
+        on_oom: an env out of device memory while training: ``"raise"`` stops with
+            ``HostOutOfMemoryError`` naming the env; ``"skip_env_epoch"`` lets that env sit
+            out the rest of the epoch's training while the other envs go on.
+        compile: run each host's forward and loss (and so its backward) through
+            ``torch.compile``.
+        amp: autocast for the forward: ``off``, ``bf16`` or ``fp16`` (one ``GradScaler``
+            per device, kept by the caller across epochs).
+        paired_group: envs per paired group (``esper.mdp.pairing``): every env of a group
+            trains on the same share of each batch; None: each env its own share.
+        cpu_workers: when every env is on the CPU, envs train in this many threads at
+            once (``esper.tolaria.parallel``; None: one per core torch uses, at most one
+            per env; 1: one after another). Results equal the sequential path's.
+    """
+
+    on_oom: str = "raise"
+    compile: bool = False
+    amp: str = "off"
+    paired_group: int | None = None
+    cpu_workers: int | None = None
+
+    def __post_init__(self) -> None:
+        with owned_by(self):
+            check_host_training(self.on_oom, self.compile, self.amp, self.cpu_workers)
+            if self.paired_group is not None:
+                require_int("paired_group", self.paired_group, 1)
+
+    @property
+    def amp_dtype(self) -> torch.dtype | None:
+        return AMP_DTYPES[self.amp]
