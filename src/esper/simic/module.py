@@ -9,22 +9,18 @@ PPO makes many optimiser steps per rollout.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
 
-from esper.callbacks.base import EsperCallback
 from esper.callbacks.checkpoint import newest_checkpoint
-from esper.contracts.config_errors import ConfigError
 from esper.contracts.rollout import RolloutSummary, StepBatch
 from esper.kasmina import LifecycleConfig, OptimConfig
 from esper.mdp.env import MorphogeneticVecEnv
 from esper.mdp.env_config import EnvConfig
-from esper.mdp.governor import Governor
 from esper.mdp.rewards import RewardConfig
 from esper.mdp.step_read import read_packed
 from esper.simic.buffer import RolloutBuffer
@@ -39,64 +35,29 @@ from esper.simic.checkpoint_contents import (
     plain,
     policy_spec,
 )
+from esper.simic.hooks import RolloutHooks, governor_among
 from esper.simic.normalizer import NormalizerConfig, RunningObsNormalizer
 from esper.simic.ppo import PPOConfig, make_optimizer, ppo_update
 from esper.simic.ppo_collector import PPOCollector
 from esper.simic.rng import capture_rng_state, restore_rng_state
 from esper.simic.schedules import entropy_coef_at, learning_rate_at
 from esper.simic.update_metrics import PROGRESS_BAR_METRICS, rollout_metrics
-from esper.simic.validation import CONFIG_KEYS, check_ent_coef_final, validate_run
+from esper.simic.validation import as_config, check_ent_coef_final, validate_run
 from esper.tamiyo.policy import PolicyConfig, PolicyNetwork
 from esper.threads import intra_op_threads
 from esper.tolaria.data.base import HostDataModule
 
 #: Host arguments a run takes when it is given none: the hosts start small, so growth has
-#: something to add. On digits (16 paired episodes, benchmarks/growth.py) the 2,4,8-channel
-#: CNN ends at 0.921 alone and 0.929 grown by the scripted grower (+0.75 ± 0.36 points;
-#: +0.87 ± 0.37 with evaluation seed 1), while the 4,8,16 CNN ended slightly lower grown
-#: than alone (0.967 against 0.969, same 16 episodes, an earlier final_lr_fraction of 0.02).
+#: something to add (measured: benchmarks/README.md, "Design figures kept out of
+#: docstrings").
 DEFAULT_HOST_KWARGS: dict[str, dict[str, Any]] = {"cnn": {"channels": [2, 4, 8]}}
 
 #: Offset between ranks' random seeds (and data shuffling seeds) under DDP.
 RANK_SEED_STRIDE = 1_000_003
 
-_Config = TypeVar("_Config")
-
-
-def _as_config(cls: type[_Config], value: _Config | Mapping[str, Any] | None) -> _Config:
-    """``value`` as a ``cls``: None gives the defaults, a mapping its fields.
-
-    Checkpoints keep nested configs as plain mappings (LightningCLI records them so, and
-    :meth:`PPOModule.on_save_checkpoint` turns dataclasses into mappings so that checkpoints
-    load with ``weights_only=True``), so a module rebuilt from one receives mappings.
-    """
-    if value is None:
-        return cls()
-    if isinstance(value, Mapping):
-        key = CONFIG_KEYS[cls]
-        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ConfigError(key, f"has no field(s) {unknown}; its fields are {sorted(known)}")
-        return cls(**value)
-    return value  # anything else is reported by validate_run with its key
-
 
 class RunFailure(RuntimeError):
     """A PPO update could not finish; the message says why and where the last checkpoint is."""
-
-
-class CallbackError(RuntimeError):
-    """A callback's rollout hook raised; the message names the callback and the hook."""
-
-
-def _call_hook(callback: EsperCallback, hook: str, *args: Any) -> None:
-    try:
-        getattr(callback, hook)(*args)
-    except Exception as exc:
-        raise CallbackError(
-            f"callback {type(callback).__name__}.{hook} raised {type(exc).__name__}: {exc}"
-        ) from exc
 
 
 class PPOModule(LightningModule):
@@ -171,17 +132,17 @@ class PPOModule(LightningModule):
             blueprints=tuple(blueprints) if blueprints is not None else None,
             widen_init=widen_init,
             reward=reward,
-            lifecycle=_as_config(LifecycleConfig, lifecycle),
-            optim=_as_config(OptimConfig, host_optim),
-            rewards=_as_config(RewardConfig, rewards),
+            lifecycle=as_config(LifecycleConfig, lifecycle),
+            optim=as_config(OptimConfig, host_optim),
+            rewards=as_config(RewardConfig, rewards),
             on_oom=on_oom,
             compile=compile,
             amp=amp,
             devices=tuple(devices) if devices is not None else None,
         )
-        self.policy_config = _as_config(PolicyConfig, policy)
-        self.ppo_config = _as_config(PPOConfig, ppo)
-        self.normalizer_config = _as_config(NormalizerConfig, normalizer)
+        self.policy_config = as_config(PolicyConfig, policy)
+        self.ppo_config = as_config(PPOConfig, ppo)
+        self.normalizer_config = as_config(NormalizerConfig, normalizer)
         check_ent_coef_final(ent_coef_final)
         self.ent_coef_final = ent_coef_final
         self.policy: PolicyNetwork | None = None
@@ -244,7 +205,7 @@ class PPOModule(LightningModule):
             policy_threads=self.policy_config.cpu_threads,
         )
         self.collector.seed_stride, self.collector.seed_offset = world, rank
-        self.collector.set_governor(self._governor())
+        self.collector.set_governor(governor_among(self.trainer.callbacks))
         if world > 1:
             self.collector.reduce_sum = self._all_reduce_sum
         self._generator.manual_seed(int(torch.initial_seed()) % (2**63))
@@ -324,36 +285,24 @@ class PPOModule(LightningModule):
                 prog_bar=name in PROGRESS_BAR_METRICS,
                 sync_dist=True,  # means over ranks, logged by rank 0
             )
-        for cb in self._esper_callbacks():
-            _call_hook(cb, "on_ppo_update_end", self.trainer, self, dict(metrics))
+        self._hooks()("on_ppo_update_end", dict(metrics))
 
     def _all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return self.trainer.strategy.reduce(tensor, reduce_op="sum")
 
-    def _governor(self) -> Governor | None:
-        """The trainer's governor callback (at most one), which steers every rollout."""
-        found = [cb for cb in self.trainer.callbacks if isinstance(cb, Governor)]
-        if len(found) > 1:
-            names = ", ".join(type(cb).__name__ for cb in found)
-            raise ValueError(f"at most one governor callback may steer the rollout, got {names}")
-        return found[0] if found else None
-
-    def _esper_callbacks(self) -> list[EsperCallback]:
-        return [cb for cb in self.trainer.callbacks if isinstance(cb, EsperCallback)]
+    def _hooks(self) -> RolloutHooks:
+        return RolloutHooks(self.trainer.callbacks, self.trainer, self)
 
     def _collect(self) -> RolloutSummary:
         assert self.collector is not None
-        hooks = self._esper_callbacks()
-        for cb in hooks:
-            _call_hook(cb, "on_rollout_start", self.trainer, self, self.current_epoch)
+        hooks = self._hooks()
+        hooks("on_rollout_start", self.current_epoch)
 
         def on_step(batch: StepBatch) -> None:
-            for cb in hooks:
-                _call_hook(cb, "on_env_step", self.trainer, self, batch)
+            hooks("on_env_step", batch)
 
         self._batch, summary = self.collector.collect_batch(self.current_epoch, on_step=on_step)
-        for cb in hooks:
-            _call_hook(cb, "on_rollout_end", self.trainer, self, summary)
+        hooks("on_rollout_end", summary)
         self.last_summary = summary
         return summary
 

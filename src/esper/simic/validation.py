@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from esper.contracts.config_errors import ConfigError, require_number
 from esper.kasmina import BLUEPRINTS, HOSTS, HostModel, LifecycleConfig, OptimConfig, SlotShape
@@ -65,6 +65,28 @@ def check_ent_coef_final(value: object) -> None:
     require_number(
         "model.ent_coef_final", value, at_least=0.0, null="keep model.ppo.ent_coef throughout"
     )
+
+
+_Config = TypeVar("_Config")
+
+
+def as_config(cls: type[_Config], value: _Config | Mapping[str, Any] | None) -> _Config:
+    """``value`` as a ``cls``: None gives the defaults, a mapping its fields.
+
+    Checkpoints keep nested configs as plain mappings (LightningCLI records them so, and
+    ``PPOModule.on_save_checkpoint`` turns dataclasses into mappings so that checkpoints
+    load with ``weights_only=True``), so a module rebuilt from one receives mappings.
+    """
+    if value is None:
+        return cls()
+    if isinstance(value, Mapping):
+        key = CONFIG_KEYS[cls]
+        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ConfigError(key, f"has no field(s) {unknown}; its fields are {sorted(known)}")
+        return cls(**value)
+    return value  # anything else is reported by validate_run with its key
 
 
 def validate_run(module: RunConfigs, datamodule: object, world_size: int) -> None:
