@@ -5,10 +5,8 @@ Two parts of Esper want a count of their own, apart from the process's:
 - The policy (``PolicyConfig.cpu_threads``, one by default) acts on one row per env and
   updates on a few hundred transitions: too little work to share between cores, and on a
   CPU that trains its hosts in worker threads a second thread for the policy sleeps
-  through every host epoch and has to be woken for the next act. Measured on a 2-core VM
-  (predecessor's host, 4 envs, benchmarks/README.md): at two threads 10 of 28 acts after
-  host epochs took 3.7-36.9 ms instead of 1.0-1.7 ms, at one thread every act took
-  1.0-1.3 ms.
+  through every host epoch and has to be woken for the next act, which stalled acts
+  many times over (measured: benchmarks/README.md, "Design figures kept out of docstrings").
 - Host training in worker threads (``esper.tolaria.parallel``): one worker per env up to
   the cores torch uses, each running its ops on an even share of those cores (one where
   there are at least as many envs as cores), so the workers neither oversubscribe the

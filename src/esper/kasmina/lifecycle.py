@@ -45,9 +45,8 @@ class LifecycleConfig:
     """
 
     #: One epoch each: a widening seed starts function-preserving, so it needs no long
-    #: incubation or ramp. On digits (tuning seed 0, 32 paired episodes, test accuracy)
-    #: the policy trained with 1 and 1 ended 0.64 +- 0.12 points above the one trained
-    #: with the earlier 2 and 3 (benchmarks/README.md, "Widening the host").
+    #: incubation or ramp; a policy trained with them ended above one trained with
+    #: longer stages (benchmarks/README.md, "Widening the host").
     min_training_epochs: int = 1
     blend_epochs: int = 1
     min_holding_epochs: int = 1

@@ -45,10 +45,7 @@ class OptimConfig:
     #: How the learning rates move over an episode: ``cosine`` decays them from their
     #: base value to ``final_lr_fraction`` of it by the episode's end, so the host
     #: settles and its final accuracy is a figure, not a sample of epoch-to-epoch swings;
-    #: ``constant`` keeps them. Measured on digits, 16 episodes of the 2,4,8 host alone:
-    #: the largest change between consecutive epochs over the last 5 was 1.39 points at
-    #: worst with the defaults (2.79 with a final fraction of 0.02); at a constant rate,
-    #: 2 to 8 points on the 4,8,16 host.
+    #: ``constant`` keeps them (the late swings of each: benchmarks/README.md, "Design figures kept out of docstrings").
     lr_schedule: str = "cosine"
     #: Fraction of the base learning rates left at the end of a ``cosine`` episode.
     final_lr_fraction: float = 0.0

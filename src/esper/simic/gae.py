@@ -14,9 +14,9 @@ runs inside every chunk at once (all envs and chunks in each step), then a carry
 kernels instead of ``T``. The outputs double as work space and most steps run in place:
 on a CPU a fresh allocation of a few megabytes costs more than the arithmetic done in it.
 One tensor-ops solver, not two: a discount-matrix product (``[n_envs, T, T]``, no loop)
-saved at most about 0.25 ms a call where it was faster (4 to 16 envs of 24 to 60 steps)
-and, costing ``O(n_envs * T^2)``, was 2 to 5x slower at 64 x 60 and 90 to 1000x slower at
-``T = 1024``; ``benchmarks/gae.py --solvers`` measures both (benchmarks/README.md, GAE).
+saves little where it is faster (few envs, short episodes) and, costing
+``O(n_envs * T^2)``, loses by orders of magnitude on long ones; ``benchmarks/gae.py
+--solvers`` measures both (benchmarks/README.md, GAE).
 
 Two flags, because they mean different things:
 

@@ -147,11 +147,10 @@ class PPOConfig:
     #: a better policy in 60 updates than the default 4.
     pair_size: int | None = 4
     #: Subtract the critic's values before the leave-one-out baseline. Off (RLOO, with
-    #: ``vf_coef`` 0): six training seeds measured +0.73 +- 0.12 pts over no growth, half
-    #: the spread of the critic's +0.66 +- 0.22, and the acceptance run +1.08 +- 0.35
-    #: where the critic's had -0.02 +- 0.39 (benchmarks/README.md). The paired envs'
-    #: returns are a baseline the policy's own noise does not enter; the critic's values
-    #: were fitted to returns whose differences are fractions of a point.
+    #: ``vf_coef`` 0): the paired envs' returns are a baseline the policy's own noise does
+    #: not enter, while the critic's values were fitted to returns whose differences are
+    #: fractions of a point; off learned as well with half the spread over training seeds
+    #: (benchmarks/README.md, "Design figures kept out of docstrings").
     critic_baseline: bool = False
     adam_eps: float = 1e-5
     advantage_norm_eps: float = 1e-8

@@ -72,8 +72,8 @@ class PolicyConfig:
     #: be judged, and PPO raises it where pruning pays. 0 gives the uniform start; -2
     #: makes PRUNE about 7 times less likely than each other op (benchmarks/README.md).
     prune_logit_init: float = -2.0
-    #: One thread: the policy acts on a row per env, and a second thread woken after each
-    #: host epoch stalled acts by up to 37 ms on a 2-core VM (``esper.threads``).
+    #: One thread: the policy acts on a row per env, and a second thread, asleep through
+    #: each host epoch, stalls the next act while it wakes (``esper.threads``).
     cpu_threads: int | None = 1
 
     def __post_init__(self) -> None:

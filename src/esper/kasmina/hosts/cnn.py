@@ -40,10 +40,9 @@ def max_pool_2x2(x: Tensor) -> Tensor:
     """2x2 max-pooling, stride 2, equal to ``F.max_pool2d(x, 2)`` value for value.
 
     Why not always ``F.max_pool2d``: on the CPU its forward is slow for these small
-    NCHW maps: on this project's 2-core VM, one thread, 9.0 / 4.7 / 2.4 ms for 200
-    validation images at 8x32x32 / 16x16x16 / 32x8x8, against 1.5 / 0.4 / 0.3 ms for the
-    elementwise maximum of the four strided quarters here, so pooling was most of a
-    validation forward of the predecessor's host. Where a gradient is needed it stays:
+    NCHW maps, several times slower than the elementwise maximum of the four strided
+    quarters here, and pooling was most of a validation forward of the predecessor's
+    host (benchmarks/README.md, "Design figures kept out of docstrings"). Where a gradient is needed it stays:
     its backward is cheap and picks the first maximum of a window, which the maximum of
     quarters has no record of.
     """
@@ -58,12 +57,8 @@ def channels_last_on_cpu(x: Tensor) -> Tensor:
     """``x`` in channels-last (NHWC) memory layout on the CPU; elsewhere as it came.
 
     Why: on the CPU, oneDNN runs convolutions of 8 or more channels, their batch norm and
-    the pooling much faster on NHWC maps than on NCHW ones. On this project's 2-core VM,
-    one thread, a training step on 16 images of 3x32x32 took 4.4-5.3 ms in NCHW against
-    3.1-3.7 ms in NHWC on the predecessor's host (8,16,32), and 17.8-19.3 against
-    13.6-14.0 ms on a 16,32,64 host; validating 200 images, 10.5-14.9 against 8.1-8.8 ms
-    and 87-96 against 59-60 ms. With 2 to 4 channels (the 2,4,8 host) NHWC batch norm
-    costs more than the convolutions save (validation 8.7-9.3 against 11.2-11.5 ms), so
+    the pooling much faster on NHWC maps than on NCHW ones; with 2 to 4 channels NHWC
+    batch norm costs more than the convolutions save (benchmarks/README.md, "Design figures kept out of docstrings"), so
     :class:`CNNHost` asks for this only from :data:`CHANNELS_LAST_MIN_CHANNELS` up.
     Convolutions, batch norm, ReLU, pooling and the seeds keep the layout, so converting
     the input is enough. Values are those of the same network in NCHW up to float rounding
@@ -121,12 +116,10 @@ class CNNHost(HostModel):
     """
 
     kind = "cnn"
-    #: Widening: the stages themselves grow. On digits (2,4,8 host, scripted grower, 32
-    #: paired episodes of tuning seed 0, test accuracy) planting widen in every slot
-    #: gained 4.6 points over no growth with 4 782 parameters and 1.13 training GFLOP;
-    #: conv_wide residual blocks, 1.0 point with 7 454 and 2.08 (benchmarks/README.md,
-    #: "Widening the host"). The residual blueprints stay registered for
-    #: ``--model.blueprints``.
+    #: Widening: the stages themselves grow, and gained several times more over no
+    #: growth than residual blocks did, with fewer parameters and FLOPs
+    #: (benchmarks/README.md, "Widening the host"). The residual blueprints stay
+    #: registered for ``--model.blueprints``.
     default_blueprints = ("widen",)
 
     def __init__(

@@ -134,8 +134,7 @@ class RewardConfig:
     and never outweighs accuracy. ``contribution_weight`` and ``fossilize_bonus`` are
     off: they paid for what the counterfactual measured (how much a host had come to
     lean on its seed), not for what the final host kept, and a controller that lost
-    accuracy out-earned no growth with them (digits, 8 paired episodes: the heuristic
-    ended 2 to 5 points lower with a higher return).
+    accuracy out-earned no growth with them (benchmarks/README.md, "Design figures kept out of docstrings").
 
     Attributes:
         acc_delta_weight: weight of each step's change in validation accuracy (shaped
