@@ -14,8 +14,9 @@ from esper.host_reads import HostReadCounter
 from esper.mdp.rollout import RolloutCollector
 from esper.mdp.transitions import Cursors
 from esper.tamiyo.action_masks import ActionMasks
-from esper.tamiyo.heuristic import STATE_SHAPE, HeuristicConfig, HeuristicController
+from esper.tamiyo.heuristic import HeuristicConfig, HeuristicController
 from esper.tamiyo.policy import OP, SLOT
+from esper.tamiyo.stateless import STATE_SHAPE
 from tests.mdp.envs import small_env
 from tests.tamiyo.factories import SCHEMA, random_masks
 

@@ -45,7 +45,7 @@ import itertools
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from esper.contracts import ActionSchema, BlendMode, LifecycleOp, ObservationLayout, SeedStage
 from esper.contracts.config_errors import (
@@ -56,11 +56,7 @@ from esper.contracts.config_errors import (
 )
 from esper.tamiyo.action_masks import ActionMasks, select_row
 from esper.tamiyo.policy import ActResult, LSTMState
-
-#: ``(layers, hidden)`` of the placeholder recurrent state: the rollout buffer stores an
-#: LSTM-shaped ``(h, c)`` per step, and the heuristic has no state to put in it. Pass this
-#: as ``RolloutBuffer``'s ``lstm_shape``.
-STATE_SHAPE: tuple[int, int] = (1, 1)
+from esper.tamiyo.stateless import StatelessController
 
 #: A binary observation feature (stage one-hot, refusal flag) is set iff it exceeds this:
 #: the features are exactly 0 or 1, and halfway reads either without a tie.
@@ -199,11 +195,11 @@ def _preference_scores(order: list[int]) -> Tensor:
     return scores
 
 
-class HeuristicController(nn.Module):
+class HeuristicController(StatelessController):
     """Rule-based controller with :class:`~esper.tamiyo.policy.PolicyNetwork`'s acting API.
 
     It has no trainable parameters: ``log_prob``, ``entropy`` and ``value`` are zeros,
-    and the recurrent state (shape :data:`STATE_SHAPE`) is passed through unchanged.
+    and the placeholder recurrent state is passed through unchanged.
     ``deterministic``, ``generator`` and ``episode_starts`` are accepted and ignored: the
     rules are deterministic and stateless.
 
@@ -212,8 +208,6 @@ class HeuristicController(nn.Module):
         schema: the action heads; gives the blueprint names and blend modes.
         config: thresholds and preferences, in the raw features' units.
     """
-
-    state_shape: tuple[int, int] = STATE_SHAPE
 
     # Column indices and scores, as non-persistent buffers so they follow ``.to(device)``.
     _contribution: Tensor
@@ -283,12 +277,6 @@ class HeuristicController(nn.Module):
         for name, value in buffers.items():
             self.register_buffer(name, value, persistent=False)
 
-    def initial_state(self, n_envs: int, device: torch.device | str | None = None) -> LSTMState:
-        """Placeholder ``(h, c)``, each ``[1, n_envs, 1]`` zeros, for the rollout buffer."""
-        layers, hidden = self.state_shape
-        shape = (layers, n_envs, hidden)
-        return (torch.zeros(shape, device=device), torch.zeros(shape, device=device))
-
     @torch.no_grad()
     def act(
         self,
@@ -353,13 +341,7 @@ class HeuristicController(nn.Module):
 
         blueprint = _first_true(select_row(masks.blueprint, slot), self._blueprint_scores)
         blend = _first_true(masks.blend, self._blend_scores)
-        actions = torch.stack((op, slot, blueprint, blend), dim=-1)
-        zeros = obs.new_zeros(n_envs)
-        return ActResult(actions, zeros, zeros.clone(), zeros.clone(), hidden)
-
-    def value(self, obs: Tensor, hidden: LSTMState, episode_starts: Tensor | None = None) -> Tensor:
-        """Zeros ``[E]``: the heuristic has no critic (a truncation bootstraps nothing)."""
-        return obs.new_zeros(obs.shape[0])
+        return self.chose(torch.stack((op, slot, blueprint, blend), dim=-1), hidden)
 
     # ---------------------------------------------------------------- internals
     def _check(self, obs: Tensor, masks: ActionMasks) -> None:
