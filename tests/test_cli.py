@@ -254,8 +254,13 @@ def test_every_config_field_has_a_description_in_its_help(
 
 
 def _init_params(cls: type) -> list[str]:
-    params = inspect.signature(cls.__init__).parameters
-    return [name for name in params if name != "self"]
+    """The CLI options of ``cls``: its own parameters and, where it passes ``**kwargs`` on
+    to its base (as jsonargparse follows them), the base's."""
+    params = inspect.signature(cls.__init__).parameters.values()
+    names = [p.name for p in params if p.name != "self" and p.kind is not p.VAR_KEYWORD]
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        names += [n for n in _init_params(cls.__mro__[1]) if n not in names]
+    return names
 
 
 def test_every_model_option_has_a_description(capsys: pytest.CaptureFixture[str]) -> None:

@@ -124,7 +124,7 @@ class HostDataModule(LightningDataModule, ABC):
             if "init_args" not in self.__dict__:  # the most derived class records
                 bound = signature.bind(self, *args, **kw)
                 bound.apply_defaults()
-                self.init_args = {k: v for k, v in bound.arguments.items() if k != "self"}
+                self.init_args = _recorded(signature, bound.arguments)
             with owned_by(self):  # an argument's error names this class and the argument
                 init(self, *args, **kw)
 
@@ -309,3 +309,23 @@ def _as_splits(built: object, cls: type) -> DataSplits:
         "DataSplits(train, val, test) (esper.tolaria.data.DataSplits), three datasets "
         "with the test split held out from training"
     )
+
+
+def _recorded(signature: inspect.Signature, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Every argument a data module was built with, by name: ``**kwargs`` passed on to
+    :class:`HostDataModule` are spread out, and its own defaults fill the rest."""
+    recorded = {}
+    passed_on: dict[str, Any] = {}
+    for name, value in arguments.items():
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            passed_on = dict(value)
+        elif name != "self":
+            recorded[name] = value
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()):
+        base = inspect.signature(HostDataModule.__init__).parameters.values()
+        for param in base:
+            if param.name != "self" and param.name not in recorded:
+                recorded[param.name] = passed_on.pop(param.name, param.default)
+        recorded.update(passed_on)  # refused by the base's __init__ anyway
+    return recorded

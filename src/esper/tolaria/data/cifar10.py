@@ -13,6 +13,7 @@ import pickle
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,10 +21,6 @@ from torch.utils.data import TensorDataset
 
 from esper.contracts.config_errors import ConfigError, require_int, require_number
 from esper.tolaria.data.base import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_NUM_WORKERS,
-    DEFAULT_SEED,
-    DEFAULT_VAL_BATCH_SIZE,
     TASK_CLASSIFICATION,
     DataSplits,
     HostDataModule,
@@ -126,6 +123,8 @@ class Cifar10DataModule(HostDataModule):
             (5 000 with the default val_fraction).
         limit_test: keep only the first N test images (of test_batch), read only by
             evaluation; null uses all 10 000.
+        loading: the loaders' ``batch_size``, ``val_batch_size``, ``num_workers`` and
+            ``seed``, as :class:`~esper.tolaria.data.base.HostDataModule` takes them.
     """
 
     def __init__(
@@ -136,17 +135,9 @@ class Cifar10DataModule(HostDataModule):
         limit_train: int | None = None,
         limit_val: int | None = None,
         limit_test: int | None = None,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        val_batch_size: int = DEFAULT_VAL_BATCH_SIZE,
-        num_workers: int = DEFAULT_NUM_WORKERS,
-        seed: int = DEFAULT_SEED,
+        **loading: Any,
     ) -> None:
-        super().__init__(
-            batch_size=batch_size,
-            val_batch_size=val_batch_size,
-            num_workers=num_workers,
-            seed=seed,
-        )
+        super().__init__(**loading)
         self.limit_train = (
             None if limit_train is None else require_int("limit_train", limit_train, 1)
         )

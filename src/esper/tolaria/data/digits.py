@@ -6,7 +6,7 @@ and it is small enough for CPU-only smoke runs while still being a real task.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -14,10 +14,6 @@ from torch.utils.data import TensorDataset
 
 from esper.contracts.config_errors import require_int
 from esper.tolaria.data.base import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_NUM_WORKERS,
-    DEFAULT_SEED,
-    DEFAULT_VAL_BATCH_SIZE,
     TASK_CLASSIFICATION,
     DataSplits,
     HostDataModule,
@@ -67,6 +63,8 @@ class DigitsDataModule(HostDataModule):
             below 1.
         split_seed: seed of the train/validation/test split; keep it fixed to compare
             runs on the same validation and test images.
+        loading: the loaders' ``batch_size``, ``val_batch_size``, ``num_workers`` and
+            ``seed``, as :class:`~esper.tolaria.data.base.HostDataModule` takes them.
     """
 
     def __init__(
@@ -75,17 +73,9 @@ class DigitsDataModule(HostDataModule):
         val_fraction: float = DEFAULT_VAL_FRACTION,
         test_fraction: float = DEFAULT_TEST_FRACTION,
         split_seed: int = DEFAULT_SPLIT_SEED,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        val_batch_size: int = DEFAULT_VAL_BATCH_SIZE,
-        num_workers: int = DEFAULT_NUM_WORKERS,
-        seed: int = DEFAULT_SEED,
+        **loading: Any,
     ) -> None:
-        super().__init__(
-            batch_size=batch_size,
-            val_batch_size=val_batch_size,
-            num_workers=num_workers,
-            seed=seed,
-        )
+        super().__init__(**loading)
         self.val_fraction, self.test_fraction = held_out_fractions(val_fraction, test_fraction)
         self.split_seed = require_int("split_seed", split_seed, 0)
         self.split_indices: DataSplitIndices | None = None

@@ -9,16 +9,13 @@ asked for to exercise hosts and slots without touching a real data set.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch.utils.data import TensorDataset
 
 from esper.contracts.config_errors import ConfigError, require_int, require_number
 from esper.tolaria.data.base import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_NUM_WORKERS,
-    DEFAULT_SEED,
-    DEFAULT_VAL_BATCH_SIZE,
     TASK_CLASSIFICATION,
     DataSplits,
     HostDataModule,
@@ -59,6 +56,8 @@ class SyntheticImageDataModule(HostDataModule):
         class_separation: scale of the class prototypes; lower it to bring the classes
             closer (a harder task).
         data_seed: seed of the prototypes and samples, separate from the shuffle seed.
+        loading: the loaders' ``batch_size``, ``val_batch_size``, ``num_workers`` and
+            ``seed``, as :class:`~esper.tolaria.data.base.HostDataModule` takes them.
     """
 
     def __init__(
@@ -72,17 +71,9 @@ class SyntheticImageDataModule(HostDataModule):
         noise_std: float = DEFAULT_NOISE_STD,
         class_separation: float = DEFAULT_CLASS_SEPARATION,
         data_seed: int = DEFAULT_DATA_SEED,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        val_batch_size: int = DEFAULT_VAL_BATCH_SIZE,
-        num_workers: int = DEFAULT_NUM_WORKERS,
-        seed: int = DEFAULT_SEED,
+        **loading: Any,
     ) -> None:
-        super().__init__(
-            batch_size=batch_size,
-            val_batch_size=val_batch_size,
-            num_workers=num_workers,
-            seed=seed,
-        )
+        super().__init__(**loading)
         self._input_shape = _validate_shape(input_shape)
         self._n_classes = require_int("n_classes", n_classes, MIN_N_CLASSES)
         # Every class in every split, so accuracy and per-class checks are meaningful.

@@ -14,16 +14,13 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import TensorDataset
 
 from esper.contracts.config_errors import ConfigError, require_int
 from esper.tolaria.data.base import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_NUM_WORKERS,
-    DEFAULT_SEED,
-    DEFAULT_VAL_BATCH_SIZE,
     TASK_LANGUAGE_MODEL,
     DataSplits,
     HostDataModule,
@@ -90,6 +87,8 @@ class TokenSequenceDataModule(HostDataModule):
         test_fraction: text mode: the last fraction of the text, held out as the test
             split that only evaluation reads (null: the built-in default); refused
             without text_path. val_fraction + test_fraction must stay below 1.
+        loading: the loaders' ``batch_size``, ``val_batch_size``, ``num_workers`` and
+            ``seed``, as :class:`~esper.tolaria.data.base.HostDataModule` takes them.
     """
 
     def __init__(
@@ -105,17 +104,9 @@ class TokenSequenceDataModule(HostDataModule):
         text_path: str | os.PathLike[str] | None = None,
         val_fraction: float | None = None,
         test_fraction: float | None = None,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        val_batch_size: int = DEFAULT_VAL_BATCH_SIZE,
-        num_workers: int = DEFAULT_NUM_WORKERS,
-        seed: int = DEFAULT_SEED,
+        **loading: Any,
     ) -> None:
-        super().__init__(
-            batch_size=batch_size,
-            val_batch_size=val_batch_size,
-            num_workers=num_workers,
-            seed=seed,
-        )
+        super().__init__(**loading)
         self.seq_len = require_int("seq_len", seq_len, 1)
         self.data_seed = require_int("data_seed", data_seed, 0)
         self.text_path: Path | None = None
