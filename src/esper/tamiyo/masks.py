@@ -77,16 +77,6 @@ class MaskBuilder:
         blend = np.ones((n_envs, len(self.schema.blend_modes)), dtype=bool)
         return {"op": op, "slot": slot, "blueprint": blueprint, "blend": blend}
 
-    def build(
-        self,
-        stages: np.ndarray,
-        seed_params: np.ndarray,
-        epochs_in_stage: np.ndarray,
-        device: torch.device,
-    ) -> ActionMasks:
-        """The masks as device tensors (one non-blocking upload each, no host read)."""
-        return self.upload(self.build_numpy(stages, seed_params, epochs_in_stage), device)
-
     def upload(self, arrays: dict[str, np.ndarray], device: torch.device) -> ActionMasks:
         """:meth:`build_numpy`'s arrays as device tensors: for a caller that keeps the
         host-side arrays too (the env checks actions against them), so the masks are
