@@ -145,6 +145,19 @@ def test_every_module_sits_in_a_stated_layer() -> None:
     assert not unplaced, f"add these to LAYERS: {unplaced}"
 
 
+def test_every_package_folder_is_a_regular_package() -> None:
+    """setuptools' ``packages.find`` skips folders without ``__init__.py``: an installed
+    (non-editable) Esper would lack them."""
+    bare = [
+        str(folder.relative_to(SRC))
+        for folder in SRC.rglob("*")
+        if folder.is_dir()
+        and any(folder.glob("*.py"))
+        and not (folder / "__init__.py").exists()
+    ]
+    assert not bare, f"add __init__.py to {bare}"
+
+
 def test_packages_import_only_downward() -> None:
     bad = upward_imports(SRC, LAYERS)
     assert not bad, "\n".join(bad)

@@ -1,1 +1,2 @@
-"""PPO: the vectorized env, rollouts, GAE, rewards, the observation normalizer and the update."""
+"""Learning: the rollout buffer, GAE, the observation normaliser, the PPO update and the
+``PPOModule`` LightningModule that trains the growth policy on the MDP of ``esper.mdp``."""
