@@ -133,18 +133,22 @@ class RolloutCollector:
 
         with torch.no_grad():
             for t in range(env.decisions_per_episode):
+                # Observe the epoch just trained and act for every env, on the device.
                 raw_obs, masks = env.observe()
                 obs = self._observe(raw_obs)
                 with intra_op_threads(self.policy_threads):
                     act: ActResult = self._act(obs, hidden, masks, deterministic=deterministic)
+                # The step's one device-to-host read.
                 read = StepRead.of_decision(act, env.metrics(), steering.panic_code())
                 transfers += 1
-                closed = None if pending is None else pending.outcome.fossilized
-                fossilized = np.zeros(env.n_envs, dtype=bool) if closed is None else closed
+                # The governor looks at the read; then the previous decision is priced.
+                no_fossil = np.zeros(env.n_envs, dtype=bool)
+                fossilized = no_fossil if pending is None else pending.outcome.fossilized
                 steering.steer(t, read.panic, fossilized, acted_from=hidden)
                 if pending is not None:
                     penalised = steering.charged & pending.active
                     returns += self._close(pending, read, penalised, False, rollout, on_step)
+                # Restores the governor asked for; then the others' actions are applied.
                 active, next_hidden = steering.carry_out(
                     act.hidden, None if pending is None else pending.positions
                 )
@@ -176,6 +180,7 @@ class RolloutCollector:
                     active=active,
                 )
                 hidden = next_hidden
+                # The next epoch: every env's host trains (the clock ticks after it).
                 tick = time.perf_counter()
                 env.train_epoch()
                 training_s += time.perf_counter() - tick
