@@ -29,7 +29,7 @@ from rollout import build
 from esper.contracts.rollout import StepBatch
 from esper.report.drawer import PROTOCOL, BackgroundDrawer, Job
 from esper.report.timeline import render_timeline
-from esper.tolaria.data.digits import DEFAULT_BATCH_SIZE
+from esper.tolaria.data.base import DEFAULT_BATCH_SIZE
 
 
 def one_rollout(n_envs: int, episode_epochs: int) -> tuple[list[StepBatch], list[str]]:

@@ -148,13 +148,10 @@ def test_every_module_sits_in_a_stated_layer() -> None:
 def test_every_package_folder_is_a_regular_package() -> None:
     """setuptools' ``packages.find`` skips folders without ``__init__.py``: an installed
     (non-editable) Esper would lack them."""
-    bare = [
-        str(folder.relative_to(SRC))
-        for folder in SRC.rglob("*")
-        if folder.is_dir()
-        and any(folder.glob("*.py"))
-        and not (folder / "__init__.py").exists()
-    ]
+    holding_modules = {path.parent for path in SRC.rglob("*.py")}
+    bare = sorted(
+        str(d.relative_to(SRC)) for d in holding_modules if not (d / "__init__.py").exists()
+    )
     assert not bare, f"add __init__.py to {bare}"
 
 

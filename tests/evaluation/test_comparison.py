@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 from esper.contracts import SeedStage
 from esper.contracts.evaluation import REPORTING_SEEDS, TUNING_SEEDS
+from esper.evaluation.comparison import Evaluation, compare
+from esper.evaluation.episodes import GROUPS_PER_SEED, group_key
 from esper.kasmina import CNNHost, GrowingHost
 from esper.kasmina.sizing import DEFAULT_TOLERANCE
-from esper.evaluation.comparison import Evaluation, compare
 from esper.mdp.env_config import EnvConfig
-from esper.evaluation.episodes import GROUPS_PER_SEED, group_key
 from esper.report.statistics import paired_difference
 from esper.tamiyo.periodic import periodic_schedule
 from esper.tolaria.compute import TrainingCompute

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 
 from esper.contracts import ActionSchema
-from esper.mdp.env_config import EnvConfig
 from esper.evaluation.episodes import baseline_controller, run_episodes
+from esper.mdp.env_config import EnvConfig
 from esper.tamiyo.heuristic import SCRIPTED_GROWTH, preferring_what_fits
 from esper.tolaria.data import TokenSequenceDataModule
-
 
 
 @pytest.mark.slow

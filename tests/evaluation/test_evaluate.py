@@ -12,10 +12,10 @@ import torch
 
 from esper.cli import main
 from esper.contracts.evaluation import DEFAULT_CONTROLLERS as CONTROLLERS
-from esper.report.tradeoff import TRADEOFF_FILE
-from esper.mdp.env import MorphogeneticVecEnv
 from esper.evaluation.evaluate import evaluate, evaluation_config
+from esper.mdp.env import MorphogeneticVecEnv
 from esper.report.statistics import paired_difference
+from esper.report.tradeoff import TRADEOFF_FILE
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.heuristic import HeuristicController
 from esper.tamiyo.policy import PolicyNetwork

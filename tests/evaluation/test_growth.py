@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from esper.mdp.env_config import EnvConfig
 from esper.evaluation.episodes import baseline_controller, run_episodes
+from esper.mdp.env_config import EnvConfig
 from esper.tolaria.data import DigitsDataModule
 
 EPISODES = 4

@@ -41,11 +41,11 @@ from esper.contracts.evaluation import (
     seed_range,
 )
 from esper.contracts.rollout import StepBatch
+from esper.evaluation.episodes import Episodes, baseline_controller, run_episodes
 from esper.kasmina import HOSTS
 from esper.kasmina.sizing import equal_size_host_kwargs
 from esper.mdp.env import MorphogeneticVecEnv
 from esper.mdp.env_config import EnvConfig, build_host
-from esper.evaluation.episodes import Episodes, baseline_controller, run_episodes
 from esper.mdp.rollout import Controller, ObservationTransform
 from esper.report.statistics import Estimate, clustered_mean, paired_difference
 from esper.tolaria.data.base import HostDataModule

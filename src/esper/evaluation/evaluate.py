@@ -22,12 +22,6 @@ from typing import Any
 
 from esper.callbacks.checkpoint import CheckpointError, EsperCheckpointIO
 from esper.contracts.evaluation import DEFAULT_CONTROLLERS, DEFAULT_GROWER, TUNING_SEEDS
-from esper.simic.checkpoint_contents import (
-    DATA_KEY,
-    ENVS_PER_RANK_KEY,
-    check_same_action_space,
-    checkpoint_policy_spec,
-)
 from esper.evaluation.comparison import (
     ControllerResult,
     ControllerSpec,
@@ -36,6 +30,12 @@ from esper.evaluation.comparison import (
     compare,
 )
 from esper.mdp.env_config import EnvConfig, action_schema
+from esper.simic.checkpoint_contents import (
+    DATA_KEY,
+    ENVS_PER_RANK_KEY,
+    check_same_action_space,
+    checkpoint_policy_spec,
+)
 from esper.simic.module import PPOModule
 from esper.tolaria.data.base import HostDataModule
 
