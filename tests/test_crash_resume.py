@@ -17,7 +17,7 @@ import torch
 from esper.callbacks.checkpoint import find_last_checkpoint
 from tests.test_cli import TINY_CONFIG
 
-MAX_EPOCHS = 8
+MAX_EPOCHS = 4
 #: Generous: the tiny run takes about a second per update on 2 CPU cores.
 WAIT_S = 120
 
