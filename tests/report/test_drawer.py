@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 from pathlib import Path
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 import esper.report.timeline as timeline
-from esper.report.drawer import BackgroundDrawer, DrawingError, Job
+from esper.report.drawer import HELPER_NICENESS, BackgroundDrawer, DrawingError, Job
 from esper.report.timeline import render_timeline
 
 
@@ -79,5 +80,20 @@ def test_a_helper_that_dies_is_an_error_not_a_hang(rollout, tmp_path: Path) -> N
         (stopped,) = drawer.wait()  # the helper's end: one error for what was pending
         assert isinstance(stopped, DrawingError) and stopped.stopped and drawer.pending == 0
         assert "stopped" in str(stopped)
+    finally:
+        drawer.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="needs POSIX priorities")
+def test_the_helper_draws_at_the_lowest_priority(rollout, tmp_path: Path) -> None:
+    """Where training keeps every core busy, the helper takes only the cores left idle."""
+    steps, slot_ids = rollout
+    drawer = BackgroundDrawer()
+    try:
+        drawer.submit(Job(0, steps, 0, slot_ids, tmp_path / "first.png"))
+        drawer.wait()
+        assert drawer._process is not None
+        helper = os.getpriority(os.PRIO_PROCESS, drawer._process.pid)
+        assert helper == min(os.getpriority(os.PRIO_PROCESS, 0) + HELPER_NICENESS, 19)
     finally:
         drawer.close()

@@ -13,8 +13,8 @@ governor and loop sits this surface:
   :class:`PanicConfig`; its ``[E]`` code rides in the step's packed transfer, so the
   governor reads it host-side (:class:`GovernorRead`, ``StepBatch.probes["panic"]``)
   without an extra read;
-* :class:`RolloutControl` (:class:`Steering` implements it): ``snapshot(env)``, ``request_restore(env, snapshot, reason)``
-  and ``penalise(env)``, each about one env only.
+* :class:`RolloutControl` (:class:`Steering` implements it): ``snapshot(env)``,
+  ``request_restore(env, snapshot, reason)`` and ``penalise(env)``, each about one env.
 
 A restore keeps the transition the read closes (the one whose epoch was judged), with
 its reward and any penalty, as the last before the restore; only the env's transitions

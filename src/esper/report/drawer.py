@@ -6,7 +6,8 @@ the loop that launches the hosts' kernels (drawn in a thread). A profile of a 16
 fit found it the largest single item. So :class:`BackgroundDrawer` hands each picture to
 one helper process (``python -m esper.report.drawer``), started on the first picture and
 fed through a pipe; the pictures come back as RGB arrays for TensorBoard, and the PNGs are
-written by the helper.
+written by the helper. The helper runs at the lowest scheduling priority, so where the
+hosts' training keeps every core busy it draws in the gaps rather than beside them.
 
 A plain ``python -m`` process rather than :mod:`multiprocessing`: ``spawn`` and
 ``forkserver`` re-import the user's ``__main__``, which runs a script's ``Trainer.fit``
@@ -34,6 +35,9 @@ from esper.contracts.rollout import StepBatch
 
 #: Pickle protocol of the pipe: both ends are this interpreter.
 PROTOCOL = pickle.HIGHEST_PROTOCOL
+#: How much the helper lowers its own scheduling priority (``os.nice``): it draws on the
+#: cores training leaves idle instead of taking a share of those the hosts train on.
+HELPER_NICENESS = 19
 
 
 @dataclass(frozen=True)
@@ -219,6 +223,8 @@ if __name__ == "__main__":
     # __main__'s. Results go through the real stdout; anything printed goes to stderr.
     from esper.report.drawer import serve as serve_jobs
 
+    if hasattr(os, "nice"):  # POSIX; elsewhere the helper draws at normal priority
+        os.nice(HELPER_NICENESS)
     results = sys.stdout.buffer
     sys.stdout = sys.stderr
     serve_jobs(sys.stdin.buffer, results)
