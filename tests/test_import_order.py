@@ -7,6 +7,7 @@ and under ``TYPE_CHECKING`` alike, since each is a dependency a reader has to fo
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -162,6 +163,17 @@ def test_packages_import_only_downward() -> None:
 
 def test_no_modules_import_each_other() -> None:
     assert not cycles(SRC)
+
+
+def test_the_readme_states_the_same_order() -> None:
+    """README's Layout table lists the packages bottom-up, as LAYERS does."""
+    readme = (SRC.parent / "README.md").read_text()
+    section = readme.split("## Layout", 1)[1]
+    table = next(block for block in section.split("\n\n") if block.startswith("| package"))
+    rows = [line for line in table.splitlines() if line.startswith("| `esper.")]
+    stated = [name for row in rows for name in re.findall(r"`(esper\.[\w.]+)`", row.split("|")[1])]
+    listed = [p for layer in LAYERS for p in layer if p not in ("esper", "esper.__main__")]
+    assert stated == listed
 
 
 # ------------------------------------------------------------ the checks can fail
