@@ -41,11 +41,7 @@ def format_where(trainer: Any) -> str:
     lines = [f"run folder: {run_dir} (tensorboard --logdir {run_dir.parent})"]
     saved = newest_checkpoint(trainer)
     if saved is not None and saved.is_file():
-        lines += [
-            f"last checkpoint: {saved}",
-            "evaluate with:",
-            "  " + shlex.join(["esper", "evaluate", "--ckpt", str(saved)]),
-        ]
+        lines += _checkpoint_and_next(saved, "evaluate", ["esper", "evaluate", "--ckpt"])
     return "\n".join(lines)
 
 
@@ -62,12 +58,13 @@ def format_interrupt(trainer: Any, module: Any, argv: Sequence[str]) -> str:
         lines.append("No update completed, so there is no checkpoint to resume from.")
         return "\n".join(lines)
     kept = _without_ckpt_path(list(argv))
-    lines += [
-        f"last checkpoint: {saved}",
-        "resume with:",
-        "  " + shlex.join(["esper", "fit", *kept, "--ckpt_path", str(saved)]),
-    ]
+    lines += _checkpoint_and_next(saved, "resume", ["esper", "fit", *kept, "--ckpt_path"])
     return "\n".join(lines)
+
+
+def _checkpoint_and_next(saved: Path, verb: str, command: list[str]) -> list[str]:
+    """The lines naming the last checkpoint and the command (ending in it) to go on with."""
+    return [f"last checkpoint: {saved}", f"{verb} with:", "  " + shlex.join([*command, str(saved)])]
 
 
 def _without_ckpt_path(argv: list[str]) -> list[str]:
