@@ -33,7 +33,7 @@ under the masks it was given.
 (fractions of accuracy and of the episode, 0/1 stage one-hots and refusal flags), not
 the normalised view the policy learns from: its thresholds are in those units, so a
 rollout must hand it the raw observation (``esper.evaluation.episodes.run_episodes`` does,
-with ``normalizer=None``). Comparing raw features with raw thresholds is exact; pushing
+with ``normalize=None``). Comparing raw features with raw thresholds is exact; pushing
 the thresholds through the policy's running normaliser instead, as it once did, lost
 the comparisons the normaliser's clip flattened.
 """
