@@ -13,6 +13,7 @@ observation reports).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,13 +88,18 @@ class LifecycleConfig:
             SeedStage.RESETTING: self.reset_epochs,
         }.get(stage, 0)
 
-    def served(self, stages: np.ndarray, epochs_in_stage: np.ndarray) -> np.ndarray:
-        """Per seed, whether it has spent its stage's :meth:`epochs_due` (any shape of
-        ``stages`` and ``epochs_in_stage`` ints, e.g. ``[E, S]``)."""
+    @functools.cached_property
+    def _due_by_stage(self) -> np.ndarray:
+        """:meth:`epochs_due` of every stage, indexed by stage value (built once)."""
         due = np.zeros(max(SeedStage) + 1, dtype=np.int64)
         for stage in SeedStage:
             due[stage] = self.epochs_due(stage)
-        return epochs_in_stage >= due[stages]
+        return due
+
+    def served(self, stages: np.ndarray, epochs_in_stage: np.ndarray) -> np.ndarray:
+        """Per seed, whether it has spent its stage's :meth:`epochs_due` (any shape of
+        ``stages`` and ``epochs_in_stage`` ints, e.g. ``[E, S]``)."""
+        return epochs_in_stage >= self._due_by_stage[stages]
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,8 @@ class MorphogeneticVecEnv:
         self._mask_arrays: dict[str, np.ndarray] = {}
         self._events: list[LifecycleEvent] = []
         self.episode_seed = 0
+        #: How every host epoch trains: built and checked once, handed whole to run_epoch.
+        self.host_training = config.host_training
         #: fp16 gradient scalers, one per device, kept across epochs and episodes.
         self._scalers: dict[torch.device, torch.amp.GradScaler] = {}
         listed = config.devices or (str(self.device),)
@@ -200,7 +202,7 @@ class MorphogeneticVecEnv:
                 self.hosts,
                 self._train_loader,
                 self._val_loader,
-                self.config.host_training,
+                self.host_training,
                 scalers=self._scalers,
                 result_device=self.device,
             )

@@ -130,6 +130,7 @@ class RolloutCollector:
             k: np.zeros(env.n_envs, dtype=np.int64) for k in ("germinated", "fossilized", "pruned")
         }
         pending: PendingTransition | None = None
+        no_fossil = np.zeros(env.n_envs, dtype=bool)  # what the first read closes: nothing
 
         with torch.no_grad():
             for t in range(env.decisions_per_episode):
@@ -142,7 +143,6 @@ class RolloutCollector:
                 read = StepRead.of_decision(act, env.metrics(), steering.panic_code())
                 transfers += 1
                 # The governor looks at the read; then the previous decision is priced.
-                no_fossil = np.zeros(env.n_envs, dtype=bool)
                 fossilized = no_fossil if pending is None else pending.outcome.fossilized
                 steering.steer(t, read.panic, fossilized, acted_from=hidden)
                 if pending is not None:
