@@ -50,7 +50,8 @@ def incubating_slots(model: HostModel) -> list[SeedSlot]:
 
 
 @contextmanager
-def _incubating(slots: Sequence[SeedSlot]) -> Iterator[None]:
+def seeds_incubating(slots: Sequence[SeedSlot]) -> Iterator[None]:
+    """Within the block, each of ``slots`` adds its TRAINING seed at alpha 1."""
     for slot in slots:
         slot.incubating = True
     try:
@@ -153,7 +154,7 @@ class IncubationPass:
                     where[name] = b.clone()
             for p in self._host_params:
                 p.requires_grad_(False)
-            with _incubating(self.slots):
+            with seeds_incubating(self.slots):
                 if slot_input is None:
                     outputs = self.model(x)
                 else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -98,6 +99,15 @@ class HostModel(nn.Module, ABC):
     def seed_param_count(self) -> int:
         """Parameters added by seeds (live and fossilized): what the parameter rent charges."""
         return sum(slot.seed_param_count() for slot in self.iter_slots())
+
+    @contextmanager
+    def mapped(self) -> Iterator[None]:
+        """Within the block the host runs as ``torch.func.vmap`` maps it over envs
+        (``esper.tolaria.stacked``): a host that changes its computation by what it can
+        see of a tensor (its memory layout, whether it needs a gradient, which a mapped
+        tensor does not report) takes its plain path here, so a mapped step computes what
+        the host's own step computes. This host has no such shortcut."""
+        yield
 
     def forward_from_slot(self, index: int, h: Tensor, context: Tensor | None = None) -> Tensor:
         """The rest of ``forward`` from what reaches slot ``index`` (``self.slots`` order):

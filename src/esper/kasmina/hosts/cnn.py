@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -174,6 +175,8 @@ class CNNHost(HostModel):
         self.head = nn.Linear(c_in, n_classes)
         #: On the CPU, run in channels-last layout (every stage at least 8 channels wide).
         self.channels_last = min(channels) >= CHANNELS_LAST_MIN_CHANNELS
+        #: Set while mapped over envs (:meth:`mapped`).
+        self._mapped = False
 
     @classmethod
     def from_data(
@@ -209,9 +212,21 @@ class CNNHost(HostModel):
         if not x.is_floating_point():
             raise ValueError(f"CNNHost expects floating-point images, got dtype {x.dtype}")
 
+    @contextmanager
+    def mapped(self) -> Iterator[None]:
+        """Under ``vmap`` no channels-last conversion (vmap refuses it) and no pooling
+        shortcut: a mapped tensor does not say it needs a gradient, and the shortcut's
+        backward would split a tied window's gradient where ``F.max_pool2d`` gives it
+        to the first maximum."""
+        self._mapped = True
+        try:
+            yield
+        finally:
+            self._mapped = False
+
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)
-        if self.channels_last:
+        if self.channels_last and not self._mapped:
             x = channels_last_on_cpu(x)
         return self.forward_from_slot(0, self.stages[0](x), x)
 
@@ -228,7 +243,7 @@ class CNNHost(HostModel):
                 h = stage(host, None if extra is None else slots[i - 1].consume(extra))
             h = slots[i](h, context)
             if self.pools[i]:
-                h = max_pool_2x2(h)
+                h = F.max_pool2d(h, POOL) if self._mapped else max_pool_2x2(h)
         features = torch.flatten(F.adaptive_avg_pool2d(h, 1), 1)
         host, extra = self._split(features, self.head.in_features)
         logits = self.head(host)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from esper.kasmina.blueprints import SlotShape
 from esper.kasmina.hosts.base import HostModel, check_widening_factor, integer_roundings
@@ -178,6 +180,14 @@ class TransformerHost(HostModel):
             )
         if x.is_floating_point() or x.dtype == torch.bool:
             raise ValueError(f"TransformerHost expects integer token ids, got dtype {x.dtype}")
+
+    @contextmanager
+    def mapped(self) -> Iterator[None]:
+        """Under ``vmap``, attention by its plain math (matmuls and a softmax, each mapped
+        in one kernel): the fused kernels have no batching rule and would run env by
+        env."""
+        with sdpa_kernel(SDPBackend.MATH):
+            yield
 
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)
