@@ -35,6 +35,7 @@ from esper.tolaria.compiled import compiled_forward_loss, forward_loss
 from esper.tolaria.counterfactual import validate_with_counterfactuals
 from esper.tolaria.host_training import HostTraining
 from esper.tolaria.parallel import resolve_workers, run_env_steps
+from esper.tolaria.stacked import StackedGroup, stack_groups
 from esper.tolaria.streams import env_streams as _env_streams
 from esper.tolaria.streams import on_stream as _on_stream
 
@@ -151,7 +152,12 @@ def run_epoch(
         compiled=compile,
     )
     workers = resolve_workers(training.cpu_workers, len(envs))
-    if workers > 1 and not compile and amp != "fp16" and all(e.device.type == "cpu" for e in envs):
+    if training.engine == "stacked":
+        train = _train(envs, train_batches, options, stacked=True)
+        val_loss, val_acc, cf_acc = validate_with_counterfactuals(envs, val_batches, device)
+    elif (
+        workers > 1 and not compile and amp != "fp16" and all(e.device.type == "cpu" for e in envs)
+    ):
         train, (val_loss, val_acc, cf_acc) = _train_and_validate_in_workers(
             envs, train_batches, val_batches, options, workers, device
         )
@@ -194,7 +200,10 @@ class _Options:
 
 
 def _train(
-    envs: Sequence[GrowingHost], batches: Iterable[tuple[Tensor, Tensor]], options: _Options
+    envs: Sequence[GrowingHost],
+    batches: Iterable[tuple[Tensor, Tensor]],
+    options: _Options,
+    stacked: bool = False,
 ) -> list[EnvAccumulator]:
     accs = accumulators(envs)
     for env in envs:
@@ -202,7 +211,10 @@ def _train(
     streams = _env_streams(envs)
     # Callers may hold a no-grad context (the rollout loop does); host training needs grads.
     with torch.enable_grad():
-        _train_batches(envs, accs, batches, streams, options)
+        if stacked:
+            _train_batches_stacked(envs, accs, batches, streams, options)
+        else:
+            _train_batches(envs, accs, batches, streams, options)
     return accs
 
 
@@ -250,6 +262,58 @@ def _train_batches(
         }
         for i in range(len(envs)):
             _train_env_on_batch(envs, accs, i, b, copies[envs[i].device], streams[i], options)
+    for env, stream in zip(envs, streams, strict=True):
+        if stream is not None:
+            torch.cuda.current_stream(env.device).wait_stream(stream)
+
+
+def _train_batches_stacked(
+    envs: Sequence[GrowingHost],
+    accs: list[EnvAccumulator],
+    batches: Iterable[tuple[Tensor, Tensor]],
+    streams: list[torch.cuda.Stream | None],
+    options: _Options,
+) -> None:
+    """Train envs that share an architecture as stacked groups (``esper.tolaria.stacked``),
+    the others on their own, one batch at a time.
+
+    A group whose members' shares of a batch differ in size is written back and its
+    members train on that batch alone; one that runs out of memory is written back and
+    its members finish the epoch alone (the per-env path applies ``on_oom``).
+    """
+    members, alone = stack_groups(envs)
+    groups = [StackedGroup([envs[i] for i in g], [accs[i] for i in g]) for g in members]
+    #: Groups that ran out of memory: their members finish the epoch on their own.
+    split: set[int] = set()
+    devices = {env.device for env in envs}
+    for b, (x_cpu, y_cpu) in enumerate(batches):
+        copies = {
+            d: (x_cpu.to(d, non_blocking=True), y_cpu.to(d, non_blocking=True)) for d in devices
+        }
+        on_own = list(alone)
+        for g, (group, indices) in enumerate(zip(groups, members, strict=True)):
+            shares = [
+                env_share(copies[envs[i].device], b, i, len(envs), options.paired_group)
+                for i in indices
+            ]
+            if g not in split and len({x.shape[0] for x, _ in shares}) == 1:
+                try:
+                    group.step(
+                        torch.stack([x for x, _ in shares]),
+                        torch.stack([y for _, y in shares]),
+                        options.amp_dtype,
+                    )
+                    continue
+                except torch.OutOfMemoryError:
+                    split.add(g)
+                    if envs[indices[0]].device.type == "cuda":
+                        torch.cuda.empty_cache()
+            group.write_back()
+            on_own += indices
+        for i in sorted(on_own):
+            _train_env_on_batch(envs, accs, i, b, copies[envs[i].device], streams[i], options)
+    for group in groups:
+        group.write_back()
     for env, stream in zip(envs, streams, strict=True):
         if stream is not None:
             torch.cuda.current_stream(env.device).wait_stream(stream)

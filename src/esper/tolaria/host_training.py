@@ -11,7 +11,13 @@ from dataclasses import dataclass
 
 import torch
 
-from esper.contracts.config_errors import owned_by, require_bool, require_choice, require_int
+from esper.contracts.config_errors import (
+    ConfigError,
+    owned_by,
+    require_bool,
+    require_choice,
+    require_int,
+)
 
 #: Autocast dtypes by the ``amp`` setting (None: full precision).
 AMP_DTYPES: dict[str, torch.dtype | None] = {
@@ -23,14 +29,28 @@ AMP_DTYPES: dict[str, torch.dtype | None] = {
 #: What ``run_epoch`` does when an env runs out of device memory while training.
 OOM_POLICIES: tuple[str, ...] = ("raise", "skip_env_epoch")
 
+#: How ``run_epoch`` trains the envs' hosts: each on its own ("per_env"), or envs whose
+#: hosts share an architecture as one stacked network (``esper.tolaria.stacked``).
+ENGINES: tuple[str, ...] = ("per_env", "stacked")
 
-def check_host_training(on_oom: object, compile: object, amp: object, cpu_workers: object) -> None:
+
+def check_host_training(
+    on_oom: object, compile: object, amp: object, cpu_workers: object, engine: object = "per_env"
+) -> None:
     """The checks of the user-set fields, for whichever config holds them."""
     require_choice("on_oom", on_oom, OOM_POLICIES)
     require_bool("compile", compile)
     require_choice("amp", amp, AMP_DTYPES)
     if cpu_workers is not None:
         require_int("cpu_workers", cpu_workers, 1, hint="or null for every core")
+    require_choice("engine", engine, ENGINES)
+    if engine == "stacked" and (compile or amp == "fp16"):
+        setting = "compile=true" if compile else "amp=fp16"
+        raise ConfigError(
+            "engine",
+            f"'stacked' does not run with {setting} (a stacked step is neither compiled nor "
+            "scaled per env); use engine=per_env, or turn compile off and amp to off or bf16",
+        )
 
 
 @dataclass(frozen=True)
@@ -50,6 +70,11 @@ class HostTraining:
         cpu_workers: when every env is on the CPU, envs train in this many threads at
             once (``esper.tolaria.parallel``; None: one per core torch uses, at most one
             per env; 1: one after another). Results equal the sequential path's.
+        engine: ``"per_env"`` trains each host on its own (CPU worker threads, CUDA
+            streams); ``"stacked"`` trains envs whose hosts share an architecture, seeds
+            and stages as one network mapped over the envs (``esper.tolaria.stacked``:
+            fewer kernel launches, equal results up to float rounding), the rest on
+            their own. Not with ``compile`` or ``amp="fp16"``.
     """
 
     on_oom: str = "raise"
@@ -57,10 +82,11 @@ class HostTraining:
     amp: str = "off"
     paired_group: int | None = None
     cpu_workers: int | None = None
+    engine: str = "per_env"
 
     def __post_init__(self) -> None:
         with owned_by(self):
-            check_host_training(self.on_oom, self.compile, self.amp, self.cpu_workers)
+            check_host_training(self.on_oom, self.compile, self.amp, self.cpu_workers, self.engine)
             if self.paired_group is not None:
                 require_int("paired_group", self.paired_group, 1)
 

@@ -1,0 +1,366 @@
+"""Training the hosts of several envs as one stacked network (``HostTraining.engine="stacked"``).
+
+Why: a host of the predecessor's size is a few dozen small kernels a training step, so on
+a GPU the per-env path is launch-bound, and adding envs adds launches, not work. Envs
+whose hosts have the same architecture, the same seeds in the same stages and the same
+optimizer settings differ only in their tensors, so their steps can run as one: every
+parameter, buffer and momentum buffer stacked along a leading env dimension, the forward
+mapped over it with ``torch.func.vmap`` (one grouped kernel where the per-env path
+launched one per env), one backward, one SGD step over the stacked tensors.
+
+A group is formed at the start of an epoch and written back into its envs at the end,
+before validation: lifecycle ops, rollback, checkpoints and the counterfactual pass run
+between epochs on the envs' own tensors, as before. Within an epoch nothing changes which
+parameters exist, so the grouping holds. What cannot be stacked trains on the per-env
+path: an env alone in its group, a batch whose shares differ in size (the group is written
+back first), and a group that ran out of memory (its envs finish the epoch alone).
+
+Results equal the per-env path's up to float rounding: the elementwise work (SGD, batch
+norm statistics, the blend) is the same arithmetic, while a stacked convolution or matrix
+product sums in another order. ``tests/tolaria/test_stacked.py`` states and checks the
+tolerance. A stacked forward runs the group's first host as the template with the
+group's tensors swapped in (``torch.func.functional_call``), so everything that steers
+the forward in Python (stages, seed types, blend modes) is part of the group's key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from contextlib import nullcontext
+
+import torch
+from torch import Tensor
+from torch.func import functional_call, vmap
+
+from esper.contracts import SeedStage
+from esper.kasmina.growing_host import GrowingHost
+from esper.kasmina.hosts.base import HostModel
+from esper.kasmina.incubation import incubating_slots, seeds_incubating
+from esper.kasmina.sgd import MOMENTUM_BUFFER, sgd_step
+from esper.kasmina.slot import SeedSlot
+from esper.tolaria.accumulators import EnvAccumulator
+
+#: The fewest envs worth stacking: one env alone gains nothing over its own path.
+MIN_GROUP = 2
+
+
+# ----------------------------------------------------------------------------- grouping
+def stack_key(env: GrowingHost) -> Hashable:
+    """What must be equal for envs to train as one stacked network.
+
+    The host's class, device and mode; every parameter's and buffer's name, shape and
+    dtype; what steers each slot's forward (:func:`_slot_key`); and, per parameter, the
+    optimizer settings and whether it has a momentum buffer yet. Alpha is not in it: it
+    is a buffer, stacked like the others, so envs blending at different points of their
+    ramps, or by different blend modes, share a group.
+    """
+    model = env.model
+    settings = _optimizer_settings(env)
+    params = tuple(
+        (name, tuple(p.shape), p.dtype, p.requires_grad, settings.get(id(p)))
+        for name, p in model.named_parameters()
+    )
+    buffers = tuple((name, tuple(b.shape), b.dtype) for name, b in model.named_buffers())
+    slots = tuple(_slot_key(slot) for slot in model.iter_slots())
+    return (type(model), env.device, model.training, params, buffers, slots)
+
+
+#: What a slot's stage makes its forward do with a seed (``SeedSlot.forward``): pass the
+#: host through, add the seed on a detached input at alpha, or add it as part of the host.
+_FORWARD_BY_STAGE = {
+    SeedStage.GERMINATED: "through",
+    SeedStage.TRAINING: "through, incubates",
+    SeedStage.BLENDING: "blends",
+    SeedStage.HOLDING: "blends",
+    SeedStage.FOSSILIZED: "part of the host",
+}
+
+
+def _slot_key(slot: SeedSlot) -> Hashable:
+    """What steers a slot's forward in Python: nothing without a seed (an empty slot and a
+    merged widening pass ``h`` on, whatever their stage); else the seed's module type and
+    blueprint, what its stage makes the forward do, and whether a gate multiplies it."""
+    if slot.seed is None:
+        return (slot.slot_id,)
+    return (
+        slot.slot_id,
+        type(slot.seed),
+        slot.lifecycle.blueprint,
+        _FORWARD_BY_STAGE.get(slot.stage, slot.stage),
+        slot.gate is not None,
+    )
+
+
+def stack_groups(envs: Sequence[GrowingHost]) -> tuple[list[list[int]], list[int]]:
+    """Envs that can train stacked, as groups of at least :data:`MIN_GROUP` env indices
+    (in env order), and the indices of the envs left to train alone."""
+    by_key: dict[Hashable, list[int]] = {}
+    for i, env in enumerate(envs):
+        by_key.setdefault(stack_key(env), []).append(i)
+    groups = [members for members in by_key.values() if len(members) >= MIN_GROUP]
+    grouped = {i for members in groups for i in members}
+    return groups, [i for i in range(len(envs)) if i not in grouped]
+
+
+def _optimizer_settings(env: GrowingHost) -> dict[int, tuple[float, float, float, bool]]:
+    """Per parameter (by id): learning rate, momentum, weight decay, has a momentum buffer."""
+    settings: dict[int, tuple[float, float, float, bool]] = {}
+    for optimizer in env.optimizers():
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                has_buffer = optimizer.state.get(p, {}).get(MOMENTUM_BUFFER) is not None
+                settings[id(p)] = (
+                    group["lr"],
+                    group["momentum"],
+                    group["weight_decay"],
+                    has_buffer,
+                )
+    return settings
+
+
+# ----------------------------------------------------------------------------- the group
+class StackedGroup:
+    """Envs of one :func:`stack_key` training as one network for an epoch.
+
+    ``step`` takes each member's share of a batch stacked ``[G, b, ...]``; ``write_back``
+    puts parameters, buffers, momentum and the epoch's sums into the members (their
+    :class:`EnvAccumulator` s) and may be called at any point: the next ``step`` stacks
+    the members afresh.
+    """
+
+    def __init__(self, envs: Sequence[GrowingHost], accs: Sequence[EnvAccumulator]) -> None:
+        if len(envs) < MIN_GROUP or len(envs) != len(accs):
+            raise ValueError(
+                f"a stacked group needs at least {MIN_GROUP} envs and one accumulator each, "
+                f"got {len(envs)} envs and {len(accs)} accumulators"
+            )
+        self.envs = list(envs)
+        self.accs = list(accs)
+        leader = self.envs[0]
+        self.template = leader.model
+        names = {id(p): name for name, p in self.template.named_parameters()}
+        #: Per env, its parameters and buffers by name (the same names for every member).
+        self._params = [dict(env.model.named_parameters()) for env in self.envs]
+        self._buffers = [dict(env.model.named_buffers()) for env in self.envs]
+        settings = _optimizer_settings(leader)
+        #: Parameter names by (lr, momentum, weight decay): one SGD group each.
+        self._sgd_groups: dict[tuple[float, float, float], list[str]] = {}
+        for name, p in self.template.named_parameters():
+            if id(p) in settings:
+                lr, momentum, decay, _ = settings[id(p)]
+                self._sgd_groups.setdefault((lr, momentum, decay), []).append(name)
+        #: Each name's optimizer state per member (where its momentum buffer lives).
+        self._states = [_states_by_name(env) for env in self.envs]
+        #: The trained seeds' parameter names, in the order ``EnvAccumulator`` lists them.
+        self._seed_names = [
+            names[id(p)]
+            for slot_id in leader.slot_ids
+            if slot_id in leader.seed_optimizers
+            for p in leader.model.slot(slot_id).seed_parameters()
+        ]
+        incubating = incubating_slots(self.template)
+        self._incubating = incubating
+        incubating_ids = {id(p) for slot in incubating for p in slot.seed_parameters()}
+        self._incubating_names = {
+            names[id(p)] for p in self.template.parameters() if id(p) in incubating_ids
+        }
+        seed_buffer_ids = {
+            id(b) for slot in incubating if slot.seed is not None for b in slot.seed.buffers()
+        }
+        self._incubating_buffers = {
+            name for name, b in self.template.named_buffers() if id(b) in seed_buffer_ids
+        }
+        self._forward = vmap(_forward_loss(self.template), randomness="different")
+        self._stacked: _Stacked | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.envs)
+
+    # ------------------------------------------------------------------ training
+    def step(self, x: Tensor, y: Tensor, autocast_dtype: torch.dtype | None = None) -> None:
+        """One training step of every member on its share: ``x [G, b, ...]``, ``y [G, b]``."""
+        if x.shape[0] != self.size or y.shape[0] != self.size:
+            raise ValueError(
+                f"a stacked step of {self.size} envs needs shares stacked [{self.size}, ...], "
+                f"got x {list(x.shape)} and y {list(y.shape)}"
+            )
+        stacked = self._stacked if self._stacked is not None else self._stack()
+        self._stacked = stacked
+        self.template.check_input(x[0])  # host-side shape check, outside vmap
+        autocast = (
+            nullcontext()
+            if autocast_dtype is None
+            else torch.autocast(x.device.type, dtype=autocast_dtype)
+        )
+        for p in stacked.params.values():
+            p.grad = None
+        with self.template.mapped(), autocast:
+            loss, correct = self._forward(stacked.params, stacked.buffers, x, y)
+        loss.sum().backward()
+        if self._incubating:
+            self._incubation_backward(stacked, x, y, autocast_dtype)
+        self._update_grad_flags(stacked)
+        sgd_step(stacked.optimizers)
+        count = y[0].numel()
+        loss = loss.detach()
+        stacked.loss_sum.add_(loss * count)
+        stacked.correct.add_(correct)
+        stacked.loss_finite.logical_and_(torch.isfinite(loss))
+        stacked.seen += count
+        stacked.last_batch = (x, y)
+
+    def _incubation_backward(
+        self, stacked: _Stacked, x: Tensor, y: Tensor, autocast_dtype: torch.dtype | None
+    ) -> None:
+        """The seed-only pass of the members' seeds in TRAINING (``esper.kasmina.incubation``):
+        host parameters out of autograd, host buffers on copies, seeds at alpha 1."""
+        params = {
+            name: p if name in self._incubating_names else p.detach()
+            for name, p in stacked.params.items()
+        }
+        buffers = {
+            name: b if name in self._incubating_buffers else b.clone()
+            for name, b in stacked.buffers.items()
+        }
+        autocast = (
+            nullcontext()
+            if autocast_dtype is None
+            else torch.autocast(x.device.type, dtype=autocast_dtype)
+        )
+        with self.template.mapped(), seeds_incubating(self._incubating), autocast:
+            seed_loss, _ = self._forward(params, buffers, x, y)
+        seed_loss.sum().backward()
+
+    def _update_grad_flags(self, stacked: _Stacked) -> None:
+        """AND "this step's gradient is finite" into each member's trained-seed flags."""
+        if not self._seed_names:
+            return
+        norms = [
+            stacked.no_grad
+            if stacked.params[name].grad is None
+            else stacked.params[name].grad.reshape(self.size, -1).norm(dim=1)
+            for name in self._seed_names
+        ]
+        stacked.params_finite.logical_and_(torch.isfinite(torch.stack(norms, dim=1)))
+
+    # ------------------------------------------------------------------ stacking
+    def _stack(self) -> _Stacked:
+        """Every member's tensors stacked along a new first dimension (copies)."""
+        with torch.no_grad():
+            params = {
+                name: torch.stack([mine[name] for mine in self._params]).requires_grad_(
+                    self._params[0][name].requires_grad
+                )
+                for name in self._params[0]
+            }
+            buffers = {
+                name: torch.stack([mine[name] for mine in self._buffers])
+                for name in self._buffers[0]
+            }
+        optimizers = []
+        for (lr, momentum, decay), names in self._sgd_groups.items():
+            leaves = [params[name] for name in names]
+            optimizer = torch.optim.SGD(leaves, lr=lr, momentum=momentum, weight_decay=decay)
+            for name, leaf in zip(names, leaves, strict=True):
+                buffers_of = [states[name].get(MOMENTUM_BUFFER) for states in self._states]
+                if buffers_of[0] is not None:
+                    optimizer.state[leaf][MOMENTUM_BUFFER] = torch.stack(buffers_of)
+            optimizers.append(optimizer)
+        device = next(iter(params.values())).device
+        return _Stacked(
+            params=params,
+            buffers=buffers,
+            optimizers=optimizers,
+            loss_sum=torch.zeros(self.size, device=device),
+            correct=torch.zeros(self.size, device=device, dtype=torch.long),
+            loss_finite=torch.ones(self.size, device=device, dtype=torch.bool),
+            params_finite=torch.ones(
+                self.size, len(self._seed_names), device=device, dtype=torch.bool
+            ),
+            no_grad=torch.zeros(self.size, device=device),
+        )
+
+    @torch.no_grad()
+    def write_back(self) -> None:
+        """Copy the stacked tensors and sums into the members; nothing is read on the host."""
+        stacked, self._stacked = self._stacked, None
+        if stacked is None:
+            return
+        for name, p in stacked.params.items():
+            torch._foreach_copy_([mine[name] for mine in self._params], list(p.detach().unbind()))
+        for name, b in stacked.buffers.items():
+            torch._foreach_copy_([mine[name] for mine in self._buffers], list(b.unbind()))
+        leaves = {id(p): name for name, p in stacked.params.items()}
+        for optimizer in stacked.optimizers:
+            for leaf, state in optimizer.state.items():
+                buffer = state.get(MOMENTUM_BUFFER)
+                if buffer is None:
+                    continue
+                name = leaves[id(leaf)]
+                for states, row in zip(self._states, buffer.unbind(), strict=True):
+                    mine = states[name].get(MOMENTUM_BUFFER)
+                    if mine is None:
+                        states[name][MOMENTUM_BUFFER] = row.clone()
+                    else:
+                        mine.copy_(row)
+        for g, (env, acc) in enumerate(zip(self.envs, self.accs, strict=True)):
+            acc.loss_sum.add_(stacked.loss_sum[g])
+            acc.correct.add_(stacked.correct[g])
+            acc.loss_finite.logical_and_(stacked.loss_finite[g])
+            if self._seed_names:
+                acc.params_finite.logical_and_(stacked.params_finite[g])
+            acc.seen += stacked.seen
+            env.zero_grad()
+            if stacked.last_batch is not None:
+                x, y = stacked.last_batch
+                env.probe = (x[g], y[g])
+
+
+class _Stacked:
+    """A group's tensors while it trains stacked, and its running sums."""
+
+    def __init__(
+        self,
+        params: dict[str, Tensor],
+        buffers: dict[str, Tensor],
+        optimizers: list[torch.optim.Optimizer],
+        loss_sum: Tensor,
+        correct: Tensor,
+        loss_finite: Tensor,
+        params_finite: Tensor,
+        no_grad: Tensor,
+    ) -> None:
+        self.params = params
+        self.buffers = buffers
+        self.optimizers = optimizers
+        self.loss_sum = loss_sum
+        self.correct = correct
+        self.loss_finite = loss_finite
+        self.params_finite = params_finite
+        self.no_grad = no_grad
+        self.seen = 0
+        self.last_batch: tuple[Tensor, Tensor] | None = None
+
+
+def _states_by_name(env: GrowingHost) -> dict[str, dict]:
+    """Each parameter's optimizer state dict, by the parameter's name in the host."""
+    states: dict[int, dict] = {}
+    for optimizer in env.optimizers():
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                states[id(p)] = optimizer.state[p]
+    return {name: states[id(p)] for name, p in env.model.named_parameters() if id(p) in states}
+
+
+def _forward_loss(template: HostModel) -> Callable[..., tuple[Tensor, Tensor]]:
+    """One member's forward and loss, with its tensors swapped into the template."""
+
+    def forward_loss(
+        params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, y: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        outputs = functional_call(template, (params, buffers), (x,))
+        loss, correct, _ = template.loss_and_correct(outputs, y)
+        return loss, correct
+
+    return forward_loss

@@ -1,0 +1,259 @@
+"""The stacked engine: envs of one architecture trained as one mapped network, with the
+per-env path's results up to float rounding.
+
+Tolerance: after two epochs of four steps, every parameter, buffer and momentum buffer
+within ``STATE_ATOL`` of the per-env path's and every epoch figure within
+``FIGURE_ATOL`` (measured: 4.5e-7 and 4.8e-7 on the CNN envs below): a stacked
+convolution sums in another order, everything elementwise is the same arithmetic.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from esper.contracts import BlendMode, SeedStage
+from esper.contracts.config_errors import ConfigError
+from esper.host_reads import HostReadCounter
+from esper.kasmina import CNNHost, GrowingHost, TransformerHost
+from esper.kasmina.sgd import MOMENTUM_BUFFER
+from esper.mdp.env_config import EnvConfig
+from esper.tolaria.accumulators import accumulators
+from esper.tolaria.epoch import EpochResult, run_epoch
+from esper.tolaria.host_training import HostTraining
+from esper.tolaria.stacked import StackedGroup, stack_groups
+from tests.tolaria.loaders import image_loaders, token_loaders
+from tests.tolaria.stacking import count_stacked_steps
+from tests.tolaria.test_epoch import FAST, to_stage
+
+STATE_ATOL = 1e-5
+FIGURE_ATOL = 1e-5
+PER_ENV = HostTraining(cpu_workers=1)
+STACKED = HostTraining(engine="stacked")
+
+
+def cnn_envs() -> list[GrowingHost]:
+    """Pairs of envs in every state a stacked step treats differently, and one alone:
+    no seed; a residual seed in TRAINING (incubation); widening seeds BLENDING at
+    different alphas, gated; a residual seed HOLDING; a merged widening; a lone
+    widening in TRAINING."""
+    torch.manual_seed(0)
+    envs = [GrowingHost(CNNHost(channels=(8, 16), lifecycle=FAST)) for _ in range(11)]
+    for env in envs[2:4]:
+        env.germinate("stage0", "conv_light", BlendMode.LINEAR)
+        to_stage(env, "stage0", SeedStage.TRAINING)
+    for k, env in enumerate(envs[4:6]):
+        env.germinate("stage1", "widen", BlendMode.GATED)
+        to_stage(env, "stage1", SeedStage.BLENDING)
+        for _ in range(k):
+            env.model.slot("stage1").end_epoch()  # alpha 0.5, then 1
+    for env in envs[6:8]:
+        env.germinate("stage1", "depthwise", BlendMode.SIGMOID)
+        to_stage(env, "stage1", SeedStage.HOLDING)
+    for env in envs[8:10]:
+        env.germinate("stage0", "widen", BlendMode.LINEAR)
+        to_stage(env, "stage0", SeedStage.FOSSILIZED)
+    envs[10].germinate("stage1", "widen", BlendMode.LINEAR)
+    to_stage(envs[10], "stage1", SeedStage.TRAINING)
+    return envs
+
+
+def assert_close_results(a: EpochResult, b: EpochResult) -> None:
+    for name, value in a.as_dict().items():
+        other = b.as_dict()[name]
+        assert value.shape == other.shape, name
+        torch.testing.assert_close(value.float(), other.float(), atol=FIGURE_ATOL, rtol=0)
+    assert a.skipped_envs == b.skipped_envs
+    assert a.train_predictions == b.train_predictions
+
+
+def assert_close_states(a: list[GrowingHost], b: list[GrowingHost]) -> None:
+    for i, (env_a, env_b) in enumerate(zip(a, b, strict=True)):
+        state_b = env_b.model.state_dict()
+        for name, value in env_a.model.state_dict().items():
+            torch.testing.assert_close(
+                value.float(), state_b[name].float(), atol=STATE_ATOL, rtol=0,
+                msg=lambda m, i=i, name=name: f"env {i} {name}: {m}",
+            )  # fmt: skip
+        for opt_a, opt_b in zip(env_a.optimizers(), env_b.optimizers(), strict=True):
+            params_a = [p for g in opt_a.param_groups for p in g["params"]]
+            params_b = [p for g in opt_b.param_groups for p in g["params"]]
+            for p_a, p_b in zip(params_a, params_b, strict=True):
+                buf_a = opt_a.state[p_a].get(MOMENTUM_BUFFER)
+                buf_b = opt_b.state[p_b].get(MOMENTUM_BUFFER)
+                assert (buf_a is None) == (buf_b is None), f"env {i}: momentum buffer presence"
+                if buf_a is not None:
+                    torch.testing.assert_close(buf_a, buf_b, atol=STATE_ATOL, rtol=0)
+
+
+def run_both(
+    make: Callable[[], list[GrowingHost]],
+    loaders: tuple[DataLoader, DataLoader],
+    epochs: int = 2,
+    **training: object,
+) -> tuple[list[GrowingHost], list[GrowingHost]]:
+    per_env, stacked = make(), make()
+    train, val = loaders
+    for _ in range(epochs):
+        a = run_epoch(per_env, train, val, HostTraining(cpu_workers=1, **training))
+        b = run_epoch(stacked, train, val, HostTraining(engine="stacked", **training))
+        assert_close_results(a, b)
+    assert_close_states(per_env, stacked)
+    return per_env, stacked
+
+
+def test_envs_group_by_architecture_seeds_and_stages_but_not_alpha() -> None:
+    envs = cnn_envs()
+    groups, alone = stack_groups(envs)
+    assert groups == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+    assert alone == [10]
+    alphas = [envs[i].model.slot("stage1").alpha for i in (4, 5)]
+    assert alphas[0] != alphas[1]
+
+
+def test_an_env_whose_seed_has_momentum_does_not_share_a_group_with_one_that_has_none() -> None:
+    envs = cnn_envs()[:2]
+    train, val = image_loaders()
+    run_epoch(envs[:1], train, val, PER_ENV)  # env 0 now has momentum buffers
+    assert stack_groups(envs) == ([], [0, 1])
+
+
+def test_stacked_epochs_equal_the_per_env_path_for_cnn_seeds_in_every_stage() -> None:
+    run_both(cnn_envs, image_loaders(n_train=128, batch=44))
+
+
+def test_stacked_epochs_equal_the_per_env_path_for_transformer_hosts() -> None:
+    def envs() -> list[GrowingHost]:
+        torch.manual_seed(0)
+        made = [
+            GrowingHost(TransformerHost(seq_len=12, d_model=32, lifecycle=FAST)) for _ in range(4)
+        ]
+        for env in made[2:]:
+            env.germinate("block1", "lora", BlendMode.LINEAR)
+            to_stage(env, "block1", SeedStage.BLENDING)
+        return made
+
+    run_both(envs, token_loaders())
+
+
+def test_paired_groups_train_stacked_on_their_shared_share() -> None:
+    run_both(lambda: cnn_envs()[:8], image_loaders(n_train=64, batch=16), paired_group=2)
+
+
+def test_a_batch_whose_shares_differ_in_size_trains_alone_and_agrees(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """44 samples over 11 envs split evenly, 40 do not: envs 0-6 get 4, envs 7-10 get 3,
+    so the group of envs 6 and 7 trains that batch env by env, the others stacked."""
+    steps = count_stacked_steps(monkeypatch)
+    _, stacked = run_both(cnn_envs, image_loaders(n_train=84, batch=44), epochs=1)
+    assert len(steps) == 5 + 4
+    assert all(env.probe is not None and env.probe[0].shape[0] == 3 for env in stacked[7:])
+
+
+def test_a_stacked_epoch_reads_nothing_on_the_host() -> None:
+    envs = cnn_envs()
+    train, val = image_loaders()
+    with HostReadCounter() as counter:
+        result = run_epoch(envs, train, val, STACKED)
+    assert counter.count == 0, counter.report()
+    assert result.val_acc.shape == (len(envs),)
+
+
+def test_a_group_out_of_memory_finishes_the_epoch_env_by_env(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = {"n": 0}
+    real_step = StackedGroup.step
+
+    def step_that_runs_out_once(self: StackedGroup, *args: object, **kwargs: object) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second group's first batch
+            raise torch.OutOfMemoryError("simulated")
+        real_step(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(StackedGroup, "step", step_that_runs_out_once)
+    run_both(lambda: cnn_envs()[:4], image_loaders(n_train=64, batch=16), epochs=1)
+    # 4 batches, 2 groups: the second stops stacking at its first; the first goes on.
+    assert calls["n"] == 4 + 1
+
+
+def test_write_back_puts_the_trained_tensors_and_sums_into_each_env() -> None:
+    envs = cnn_envs()[2:4]  # a seed in TRAINING: both passes, seed flags
+    for env in envs:
+        env.model.train()
+    accs = accumulators(envs)
+    group = StackedGroup(envs, accs)
+    before = [copy.deepcopy(env.model.state_dict()) for env in envs]
+    x, y = torch.randn(2, 5, 1, 8, 8), torch.randint(0, 10, (2, 5))
+    with torch.enable_grad():
+        group.step(x, y)
+    assert all(acc.seen == 0 for acc in accs)  # nothing lands before write_back
+    group.write_back()
+    for env, acc, old in zip(envs, accs, before, strict=True):
+        assert acc.seen == 5
+        assert float(acc.loss_sum) > 0
+        seed = env.model.slot("stage0").seed
+        assert seed is not None
+        assert not torch.equal(seed.weight, old["slots.stage0.seed.weight"])  # incubation
+        assert bool(acc.params_finite.all())
+        assert env.probe is not None and env.probe[0].shape == (5, 1, 8, 8)
+    group.write_back()  # a second write-back adds nothing
+    assert [acc.seen for acc in accs] == [5, 5]
+
+
+def test_stacked_needs_at_least_two_envs_and_shares_stacked_by_env() -> None:
+    envs = cnn_envs()[:2]
+    with pytest.raises(ValueError, match="at least 2 envs"):
+        StackedGroup(envs[:1], accumulators(envs[:1]))
+    group = StackedGroup(envs, accumulators(envs))
+    with pytest.raises(ValueError, match=r"stacked \[2, \.\.\.\]"):
+        group.step(torch.randn(3, 4, 1, 8, 8), torch.randint(0, 10, (3, 4)))
+
+
+def test_bf16_autocast_trains_stacked_close_to_the_per_env_path() -> None:
+    per_env, stacked = cnn_envs()[:4], cnn_envs()[:4]
+    train, val = image_loaders()
+    a = run_epoch(per_env, train, val, HostTraining(cpu_workers=1, amp="bf16"))
+    b = run_epoch(stacked, train, val, HostTraining(engine="stacked", amp="bf16"))
+    assert bool(b.loss_finite.all())
+    # bf16 keeps 8 bits of mantissa: a loss agrees to its rounding, not to float32's.
+    torch.testing.assert_close(a.train_loss, b.train_loss, atol=0.05, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [({"engine": "vmap"}, "per_env"), ({"engine": "stacked", "compile": True}, "compile=true"),
+     ({"engine": "stacked", "amp": "fp16"}, "amp=fp16")],
+)  # fmt: skip
+def test_engine_settings_that_cannot_run_are_refused_by_name(
+    settings: dict[str, object], named: str
+) -> None:
+    for config in (HostTraining, EnvConfig):
+        with pytest.raises(ConfigError, match="engine") as caught:
+            config(**settings)  # type: ignore[arg-type]
+        assert named in str(caught.value)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_stacked_epochs_on_cuda_agree_with_the_per_env_path() -> None:
+    def envs() -> list[GrowingHost]:
+        made = cnn_envs()
+        for env in made:
+            env.model.cuda()  # parameters keep their identity: the optimizers follow
+        return made
+
+    # cuDNN picks other algorithms for a grouped convolution, in TF32 where the card has
+    # it (torch's default for convolutions): a looser bound, not measured yet.
+    per_env, stacked = envs(), envs()
+    train, val = image_loaders(n_train=128, batch=44)
+    for _ in range(2):
+        a = run_epoch(per_env, train, val, PER_ENV)
+        b = run_epoch(stacked, train, val, STACKED)
+        torch.testing.assert_close(a.train_loss, b.train_loss, atol=2e-3, rtol=0)
+        torch.testing.assert_close(a.val_loss, b.val_loss, atol=2e-3, rtol=0)
