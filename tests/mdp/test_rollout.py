@@ -9,6 +9,7 @@ import torch
 from esper.contracts.rollout import StepBatch
 from esper.host_reads import HostReadCounter
 from tests.mdp.envs import collector, small_env
+from tests.tolaria.stacking import count_stacked_steps
 
 EPISODE_EPOCHS = 3
 
@@ -140,12 +141,14 @@ def test_the_policy_acts_and_bootstraps_at_its_own_thread_count() -> None:
         ),
     ],
 )
+@pytest.mark.parametrize("engine", ["per_env", "stacked"])
 def test_a_rollout_that_widens_and_merges_still_reads_the_device_once_per_host_epoch(
-    device: str,
+    device: str, engine: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Widening seeds (their gradient-chosen start, blending through new channels and the
     merge at fossilize) add no read: every env trains in the main thread here, where the
-    counter sees every read."""
+    counter sees every read; the stacked engine (the scripted controller grows both envs
+    alike, so they train as one group) adds none either."""
     import dataclasses
 
     from esper.kasmina import LifecycleConfig
@@ -168,6 +171,7 @@ def test_a_rollout_that_widens_and_merges_still_reads_the_device_once_per_host_e
         widen_init="gradient",
         lifecycle=fast,
         cpu_workers=1,
+        engine=engine,
     )
     env = MorphogeneticVecEnv(config, small_data(), device)
     config = dataclasses.replace(
@@ -177,6 +181,7 @@ def test_a_rollout_that_widens_and_merges_still_reads_the_device_once_per_host_e
     # Raw observations, as evaluation hands the heuristic; nothing kept but the cursors.
     col = RolloutCollector(env, controller, Cursors(env.n_envs, env.decisions_per_episode))
     torch.manual_seed(0)
+    stacked_steps = count_stacked_steps(monkeypatch)
     if device == "cuda":
         col.collect(0)  # warm-up: lazy CUDA init makes reads of its own
     with HostReadCounter() as counter:
@@ -184,3 +189,4 @@ def test_a_rollout_that_widens_and_merges_still_reads_the_device_once_per_host_e
     assert counter.count == summary.packed_transfers == epochs, counter.report()
     assert summary.seeds_fossilized.sum() > 0
     assert any(slot.merged for host in env.hosts for slot in host.model.iter_slots())
+    assert bool(stacked_steps) == (engine == "stacked")

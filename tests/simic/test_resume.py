@@ -13,6 +13,7 @@ from esper.callbacks.checkpoint import CheckpointError, EsperCheckpointIO, defau
 from esper.simic.module import PPOModule
 from esper.simic.ppo import PPOConfig
 from tests.mdp.envs import small_data
+from tests.tolaria.stacking import count_stacked_steps
 
 EPISODE_EPOCHS = 3
 
@@ -25,8 +26,10 @@ class ReturnRecorder(EsperCallback):
         self.returns.append(metrics["train/episode_return"])
 
 
-def _module() -> PPOModule:
-    return PPOModule(n_envs=2, episode_epochs=EPISODE_EPOCHS, host_kwargs={"channels": [4, 8]})
+def _module(engine: str = "per_env") -> PPOModule:
+    return PPOModule(
+        n_envs=2, episode_epochs=EPISODE_EPOCHS, host_kwargs={"channels": [4, 8]}, engine=engine
+    )
 
 
 #: Optimiser steps in one PPO update with the default PPOConfig: an update's worth of
@@ -36,11 +39,15 @@ STEPS_PER_UPDATE = PPOConfig().update_epochs * PPOConfig().n_minibatches
 
 
 def _fit(
-    root: Path, max_epochs: int, ckpt_path: str | None = None, stop_after: int | None = None
+    root: Path,
+    max_epochs: int,
+    ckpt_path: str | None = None,
+    stop_after: int | None = None,
+    engine: str = "per_env",
 ) -> tuple[PPOModule, list[float]]:
     L.seed_everything(0, verbose=False)
     recorder = ReturnRecorder()
-    module = _module()
+    module = _module(engine)
     trainer = L.Trainer(
         max_epochs=max_epochs,
         max_steps=-1 if stop_after is None else stop_after * STEPS_PER_UPDATE,
@@ -55,14 +62,23 @@ def _fit(
 
 
 @pytest.mark.slow
-def test_resume_continues_exactly_where_the_run_stopped(tmp_path: Path) -> None:
-    straight, straight_returns = _fit(tmp_path / "straight", max_epochs=3)
-    _, first_returns = _fit(tmp_path / "split", max_epochs=3, stop_after=2)
+@pytest.mark.parametrize("engine", ["per_env", "stacked"])
+def test_resume_continues_exactly_where_the_run_stopped(
+    tmp_path: Path, engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Either engine: the stacked one keeps nothing between epochs but the envs' own
+    tensors, so a checkpoint between updates holds all it needs."""
+    stacked_steps = count_stacked_steps(monkeypatch)
+    straight, straight_returns = _fit(tmp_path / "straight", max_epochs=3, engine=engine)
+    _, first_returns = _fit(tmp_path / "split", max_epochs=3, stop_after=2, engine=engine)
     assert len(first_returns) == 2, "the interrupted run must stop after two updates"
     assert (tmp_path / "split" / "checkpoints" / "last.ckpt").is_file()
-    resumed, resumed_returns = _fit(tmp_path / "split", max_epochs=3, ckpt_path="last")
+    resumed, resumed_returns = _fit(
+        tmp_path / "split", max_epochs=3, ckpt_path="last", engine=engine
+    )
 
     assert first_returns + resumed_returns == straight_returns
+    assert bool(stacked_steps) == (engine == "stacked")  # the engine ran where asked
     for name, value in straight.state_dict().items():
         assert torch.equal(value, resumed.state_dict()[name]), name
 

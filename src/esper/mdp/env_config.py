@@ -66,6 +66,10 @@ class EnvConfig:
     #: core torch uses (``OMP_NUM_THREADS``), at most one per env; 1 trains envs in turn.
     #: Results are the same either way; GPUs keep their per-env streams.
     cpu_workers: int | None = None
+    #: How hosts train: "per_env" (each on its own) or "stacked" (envs whose hosts share
+    #: an architecture, seeds and stages as one network mapped over them:
+    #: ``esper.tolaria.stacked``). Results agree up to float rounding.
+    engine: str = "per_env"
 
     def __post_init__(self) -> None:
         with owned_by(self):
@@ -74,7 +78,7 @@ class EnvConfig:
                     "pairing", f"must be an esper.mdp.pairing.Pairing, got {self.pairing!r}"
                 )
             require_choice("widen_init", self.widen_init, WIDEN_INITS)
-            check_host_training(self.on_oom, self.compile, self.amp, self.cpu_workers)
+            check_host_training(self.on_oom, self.compile, self.amp, self.cpu_workers, self.engine)
             if self.devices is not None and not self.devices:
                 raise ConfigError("devices", "is empty; pass null to use the module's device")
             require_int("n_envs", self.n_envs, 1)
@@ -102,6 +106,7 @@ class EnvConfig:
             amp=self.amp,
             paired_group=self.paired_group,
             cpu_workers=self.cpu_workers,
+            engine=self.engine,
         )
 
     @property
