@@ -15,11 +15,17 @@ counterfactual replicas). One warm-up epoch, then ``--epochs`` timed epochs:
   (the union of kernel intervals from ``torch.profiler``, so overlapping streams count
   once); ``n/a`` on a CPU.
 
+Each row is run by each of ``--engines`` (``HostTraining.engine``): ``per_env`` trains
+each env's host on its own (a CUDA stream each), ``stacked`` trains envs of one
+architecture as one mapped network (``esper.tolaria.stacked``). The hosts here are fresh
+and alike, so every env trains stacked: the best case for ``stacked``; envs whose seeds
+differ train in smaller groups or alone.
+
 It prints one table for benchmarks/README. On one H100 the defaults take about two
 minutes; ``--n-envs 2 --epochs 1 --train-images 64`` runs it in seconds on a CPU.
 
 Usage: ``python benchmarks/gpu.py [--device cuda] [--n-envs 4 16 64] [--epochs 2]
-[--hosts predecessor gpu]``
+[--hosts predecessor gpu] [--engines per_env stacked]``
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from torch import Tensor
 from esper.kasmina import GrowingHost
 from esper.kasmina.hosts.cnn import CNNHost
 from esper.tolaria.epoch import run_epoch
+from esper.tolaria.host_training import ENGINES, HostTraining
 
 #: The hosts of issue 35: esper-lite's and one sized for a GPU.
 HOSTS: dict[str, dict[str, Any]] = {
@@ -102,7 +109,7 @@ def covered(intervals: list[tuple[float, float]]) -> float:
 
 
 def measure(
-    host: str, n_envs: int, args: argparse.Namespace, device: torch.device
+    host: str, n_envs: int, engine: str, args: argparse.Namespace, device: torch.device
 ) -> dict[str, Any]:
     spec = HOSTS[host]
     torch.manual_seed(0)
@@ -119,8 +126,10 @@ def measure(
     ]
     train, val = make_batches(n_envs, spec["images_per_env_step"], args.train_images, device)
 
+    training = HostTraining(engine=engine)
+
     def epoch() -> None:
-        run_epoch(envs, train, val)
+        run_epoch(envs, train, val, training)
 
     epoch()  # warm-up: allocator, cuDNN autotuning, first launches
     synchronize(device)
@@ -133,6 +142,7 @@ def measure(
     return {
         "host": host,
         "n_envs": n_envs,
+        "engine": engine,
         "steps_per_s": steps / wall,
         "ms_per_step": wall / steps * 1e3,
         "busy": busy_share(epoch, device),
@@ -147,6 +157,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--hosts", nargs="+", default=list(HOSTS), choices=list(HOSTS))
     parser.add_argument("--train-images", type=int, default=1000, help="per env per epoch")
+    parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
     args = parser.parse_args()
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
@@ -159,18 +170,21 @@ def main() -> None:
     rows = []
     for host in args.hosts:
         for n_envs in args.n_envs:
-            rows.append(measure(host, n_envs, args, device))
-            row = rows[-1]
-            print(
-                f"  {host:<12} {n_envs:>3} envs done: {row['steps_per_s']:.0f} steps/s", flush=True
-            )
+            for engine in args.engines:
+                rows.append(measure(host, n_envs, engine, args, device))
+                row = rows[-1]
+                print(
+                    f"  {host:<12} {n_envs:>3} envs {engine:<8} done: "
+                    f"{row['steps_per_s']:.0f} steps/s",
+                    flush=True,
+                )
     print()
-    print("| host | envs | host steps/s | ms / host step | device busy |")
-    print("|---|---:|---:|---:|---:|")
+    print("| host | envs | engine | host steps/s | ms / host step | device busy |")
+    print("|---|---:|---|---:|---:|---:|")
     for row in rows:
         busy = "n/a" if row["busy"] is None else f"{row['busy']:.1%}"
         print(
-            f"| {row['host']} | {row['n_envs']} | {row['steps_per_s']:.0f} | "
+            f"| {row['host']} | {row['n_envs']} | {row['engine']} | {row['steps_per_s']:.0f} | "
             f"{row['ms_per_step']:.2f} | {busy} |"
         )
 

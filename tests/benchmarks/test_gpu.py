@@ -18,7 +18,7 @@ def test_covered_time_is_the_union_of_the_kernel_intervals() -> None:
     assert gpu.covered([(4.0, 5.0), (0.0, 1.0)]) == 2.0  # any order
 
 
-def test_on_a_cpu_it_prints_steps_per_second_and_no_busy_share(
+def test_on_a_cpu_it_prints_steps_per_second_per_engine_and_no_busy_share(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["gpu.py", "--device", "cpu", "--n-envs", "2", "--epochs", "1"]
@@ -26,6 +26,7 @@ def test_on_a_cpu_it_prints_steps_per_second_and_no_busy_share(
     monkeypatch.setattr(sys, "argv", argv)
     gpu.main()
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| pred")]
-    assert len(rows) == 1 and rows[0].endswith("| n/a |"), rows
-    steps_per_s = float(rows[0].split("|")[3])
-    assert steps_per_s > 0
+    assert [row.split("|")[3].strip() for row in rows] == ["per_env", "stacked"], rows
+    for row in rows:
+        assert row.endswith("| n/a |"), row
+        assert float(row.split("|")[4]) > 0  # host steps/s
