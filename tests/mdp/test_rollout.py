@@ -190,3 +190,6 @@ def test_a_rollout_that_widens_and_merges_still_reads_the_device_once_per_host_e
     assert summary.seeds_fossilized.sum() > 0
     assert any(slot.merged for host in env.hosts for slot in host.model.iter_slots())
     assert bool(stacked_steps) == (engine == "stacked")
+    # The summary's share is counted from the samples each env trained stacked.
+    assert (summary.stacked_share > 0) == (engine == "stacked")
+    assert 0 <= summary.stacked_share <= 1

@@ -115,6 +115,15 @@ def test_envs_group_by_architecture_seeds_and_stages_but_not_alpha() -> None:
     assert alphas[0] != alphas[1]
 
 
+def test_the_result_counts_the_samples_each_env_trained_stacked() -> None:
+    envs = cnn_envs()
+    train, val = image_loaders(n_train=88, batch=44)
+    result = run_epoch(envs, train, val, STACKED)
+    assert result.train_predictions == (8,) * 11
+    assert result.stacked_predictions == (8,) * 10 + (0,)  # env 10 trains alone
+    assert run_epoch(cnn_envs(), train, val, PER_ENV).stacked_predictions == (0,) * 11
+
+
 def test_an_env_whose_seed_has_momentum_does_not_share_a_group_with_one_that_has_none() -> None:
     envs = cnn_envs()[:2]
     train, val = image_loaders()

@@ -124,6 +124,8 @@ class RolloutSummary:
             the telemetry's ``debug`` profile count real host reads with ``HostReadCounter``.
         rollbacks: ``[E]`` governor rollbacks per env during the rollout.
         discarded_transitions: ``[E]`` transitions dropped by those rollbacks.
+        stacked_share: share of the rollout's host training predictions trained in a
+            stacked group (``EnvConfig.engine="stacked"``); 0 on the per-env engine.
     """
 
     rollout: int
@@ -139,6 +141,7 @@ class RolloutSummary:
     packed_transfers: int
     rollbacks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     discarded_transitions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    stacked_share: float = 0.0
     extras: dict[str, float] = field(default_factory=dict)
 
     @property

@@ -91,6 +91,10 @@ class MorphogeneticVecEnv:
         #: ``[E]`` training FLOPs of each env's host and seeds since the last reset
         #: (zeros unless ``compute`` is set).
         self.train_flops = np.zeros(config.n_envs)
+        #: Training predictions of every env since the env was built, and of those the
+        #: ones trained in a stacked group (``EnvConfig.engine``): host-side counts.
+        self.predictions_trained = 0
+        self.predictions_stacked = 0
         self.host_epoch = 0
         self.result: EpochResult | None = None
         self._prev_val_acc = torch.zeros(config.n_envs, device=self.device)
@@ -216,6 +220,8 @@ class MorphogeneticVecEnv:
             ) from exc
         if compute is not None and per_prediction is not None:
             self.train_flops += compute.epoch_flops(per_prediction, result.train_predictions)
+        self.predictions_trained += sum(result.train_predictions)
+        self.predictions_stacked += sum(result.stacked_predictions)
         for e in result.skipped_envs:
             self._events.append(
                 LifecycleEvent(

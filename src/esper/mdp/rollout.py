@@ -120,6 +120,7 @@ class RolloutCollector:
         started = time.perf_counter()
         store.reset()
         steering.start(rollout)
+        trained_before = (env.predictions_trained, env.predictions_stacked)
         training_s = time.perf_counter()
         env.reset(episode_seed=rollout * self.seed_stride + self.seed_offset)
         training_s = time.perf_counter() - training_s
@@ -209,6 +210,10 @@ class RolloutCollector:
             packed_transfers=transfers,
             rollbacks=steering.rollbacks.copy(),
             discarded_transitions=steering.discarded.copy(),
+            stacked_share=_share(
+                env.predictions_stacked - trained_before[1],
+                env.predictions_trained - trained_before[0],
+            ),
         )
         return Collected(summary=summary, bootstrap=bootstrap)
 
@@ -238,3 +243,7 @@ class RolloutCollector:
         else:
             env.drain_events()
         return rewards
+
+
+def _share(part: int, whole: int) -> float:
+    return part / whole if whole else 0.0

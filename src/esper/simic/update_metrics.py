@@ -31,6 +31,7 @@ def rollout_metrics(summary: RolloutSummary) -> dict[str, float]:
         # the measured perf/host_reads_per_step over the same denominator.
         "perf/packed_transfers_per_step": summary.packed_transfers / summary.host_epochs_per_env,
         "perf/fraction_outside_host_training": outside,
+        "perf/stacked_share": summary.stacked_share,
         "governor/rollbacks": float(summary.rollbacks.sum()),
         "governor/discarded_transitions": float(summary.discarded_transitions.sum()),
     }

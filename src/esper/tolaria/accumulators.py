@@ -44,6 +44,8 @@ class EnvAccumulator:
     #: The seed-only pass of the seeds in TRAINING (None: no slot has one).
     incubation: IncubationPass | None
     seen: int = 0
+    #: Of ``seen``, the samples trained in a stacked group (``esper.tolaria.stacked``).
+    seen_stacked: int = 0
     #: Set when the env ran out of memory and sat out the rest of the epoch's training.
     skipped: bool = False
 

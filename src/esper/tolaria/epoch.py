@@ -68,6 +68,8 @@ class EpochResult:
         train_predictions: per env, the predictions its training steps scored (samples,
             or tokens for a language model); host-side, from shapes. Training compute
             (``esper.tolaria.compute``) is counted per prediction.
+        stacked_predictions: per env, how many of those it trained in a stacked group
+            (``HostTraining.engine="stacked"``); all 0 on the per-env engine. Host-side.
     """
 
     train_loss: Tensor
@@ -79,6 +81,7 @@ class EpochResult:
     seed_grads_finite: Tensor
     skipped_envs: tuple[int, ...] = ()
     train_predictions: tuple[int, ...] = ()
+    stacked_predictions: tuple[int, ...] = ()
 
     @property
     def contribution(self) -> Tensor:
@@ -86,7 +89,7 @@ class EpochResult:
         return self.val_acc.unsqueeze(1) - self.cf_val_acc
 
     def as_dict(self) -> dict[str, Tensor]:
-        host_side = ("skipped_envs", "train_predictions")
+        host_side = ("skipped_envs", "train_predictions", "stacked_predictions")
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in host_side}
 
 
@@ -185,6 +188,7 @@ def run_epoch(
         seed_grads_finite=gather([a.seed_grads_finite() for a in train]),
         skipped_envs=tuple(i for i, a in enumerate(train) if a.skipped),
         train_predictions=tuple(a.seen for a in train),
+        stacked_predictions=tuple(a.seen_stacked for a in train),
     )
 
 

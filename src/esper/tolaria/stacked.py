@@ -311,6 +311,7 @@ class StackedGroup:
             if self._seed_names:
                 acc.params_finite.logical_and_(stacked.params_finite[g])
             acc.seen += stacked.seen
+            acc.seen_stacked += stacked.seen
             env.zero_grad()
             if stacked.last_batch is not None:
                 x, y = stacked.last_batch
