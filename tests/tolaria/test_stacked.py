@@ -80,11 +80,13 @@ def assert_close_states(a: list[GrowingHost], b: list[GrowingHost]) -> None:
                 msg=lambda m, i=i, name=name: f"env {i} {name}: {m}",
             )  # fmt: skip
         for opt_a, opt_b in zip(env_a.optimizers(), env_b.optimizers(), strict=True):
+            # The same entries, none empty: they are what a checkpoint holds.
+            assert opt_a.state_dict()["state"].keys() == opt_b.state_dict()["state"].keys()
             params_a = [p for g in opt_a.param_groups for p in g["params"]]
             params_b = [p for g in opt_b.param_groups for p in g["params"]]
             for p_a, p_b in zip(params_a, params_b, strict=True):
-                buf_a = opt_a.state[p_a].get(MOMENTUM_BUFFER)
-                buf_b = opt_b.state[p_b].get(MOMENTUM_BUFFER)
+                buf_a = opt_a.state.get(p_a, {}).get(MOMENTUM_BUFFER)
+                buf_b = opt_b.state.get(p_b, {}).get(MOMENTUM_BUFFER)
                 assert (buf_a is None) == (buf_b is None), f"env {i}: momentum buffer presence"
                 if buf_a is not None:
                     torch.testing.assert_close(buf_a, buf_b, atol=STATE_ATOL, rtol=0)
@@ -147,6 +149,23 @@ def test_stacked_epochs_equal_the_per_env_path_for_transformer_hosts() -> None:
         return made
 
     run_both(envs, token_loaders())
+
+
+def test_a_seed_just_planted_gets_no_optimizer_state_from_a_stacked_epoch() -> None:
+    """A GERMINATED seed is not trained yet: neither path may give it an optimizer
+    state (not even an empty one: checkpoints would hold it)."""
+
+    def envs() -> list[GrowingHost]:
+        torch.manual_seed(0)
+        made = [GrowingHost(CNNHost(channels=(8, 16), lifecycle=FAST)) for _ in range(2)]
+        for env in made:
+            env.germinate("stage1", "conv_light", BlendMode.LINEAR)
+        return made
+
+    _, stacked = run_both(envs, image_loaders(), epochs=1)
+    for env in stacked:
+        assert env.model.slot("stage1").stage is SeedStage.GERMINATED
+        assert not env.seed_optimizers["stage1"].state_dict()["state"]
 
 
 def test_paired_groups_train_stacked_on_their_shared_share() -> None:

@@ -20,13 +20,15 @@ norm statistics, the blend) is the same arithmetic, while a stacked convolution 
 product sums in another order. ``tests/tolaria/test_stacked.py`` states and checks the
 tolerance. A stacked forward runs the group's first host as the template with the
 group's tensors swapped in (``torch.func.functional_call``), so everything that steers
-the forward in Python (stages, seed types, blend modes) is part of the group's key.
+the forward in Python (seed types and blueprints, what a stage does, gates) is part of
+the group's key.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -108,7 +110,7 @@ def _optimizer_settings(env: GrowingHost) -> dict[int, tuple[float, float, float
     for optimizer in env.optimizers():
         for group in optimizer.param_groups:
             for p in group["params"]:
-                has_buffer = optimizer.state.get(p, {}).get(MOMENTUM_BUFFER) is not None
+                has_buffer = _momentum_of(optimizer, p) is not None
                 settings[id(p)] = (
                     group["lr"],
                     group["momentum"],
@@ -149,8 +151,9 @@ class StackedGroup:
             if id(p) in settings:
                 lr, momentum, decay, _ = settings[id(p)]
                 self._sgd_groups.setdefault((lr, momentum, decay), []).append(name)
-        #: Each name's optimizer state per member (where its momentum buffer lives).
-        self._states = [_states_by_name(env) for env in self.envs]
+        #: Per member, each parameter's optimizer and the parameter, by name: where its
+        #: momentum buffer lives.
+        self._owners = [_owners_by_name(env) for env in self.envs]
         #: The trained seeds' parameter names, in the order ``EnvAccumulator`` lists them.
         self._seed_names = [
             names[id(p)]
@@ -263,7 +266,7 @@ class StackedGroup:
             leaves = [params[name] for name in names]
             optimizer = torch.optim.SGD(leaves, lr=lr, momentum=momentum, weight_decay=decay)
             for name, leaf in zip(names, leaves, strict=True):
-                buffers_of = [states[name].get(MOMENTUM_BUFFER) for states in self._states]
+                buffers_of = [_momentum_of(*owners[name]) for owners in self._owners]
                 if buffers_of[0] is not None:
                     optimizer.state[leaf][MOMENTUM_BUFFER] = torch.stack(buffers_of)
             optimizers.append(optimizer)
@@ -298,10 +301,11 @@ class StackedGroup:
                 if buffer is None:
                     continue
                 name = leaves[id(leaf)]
-                for states, row in zip(self._states, buffer.unbind(), strict=True):
-                    mine = states[name].get(MOMENTUM_BUFFER)
-                    if mine is None:
-                        states[name][MOMENTUM_BUFFER] = row.clone()
+                for owners, row in zip(self._owners, buffer.unbind(), strict=True):
+                    owner, param = owners[name]
+                    mine = _momentum_of(owner, param)
+                    if mine is None:  # its first step was a stacked one
+                        owner.state[param][MOMENTUM_BUFFER] = row.clone()
                     else:
                         mine.copy_(row)
         for g, (env, acc) in enumerate(zip(self.envs, self.accs, strict=True)):
@@ -318,40 +322,40 @@ class StackedGroup:
                 env.probe = (x[g], y[g])
 
 
+@dataclass
 class _Stacked:
-    """A group's tensors while it trains stacked, and its running sums."""
+    """A group's tensors while it trains stacked (``[G, ...]`` each), and its running sums."""
 
-    def __init__(
-        self,
-        params: dict[str, Tensor],
-        buffers: dict[str, Tensor],
-        optimizers: list[torch.optim.Optimizer],
-        loss_sum: Tensor,
-        correct: Tensor,
-        loss_finite: Tensor,
-        params_finite: Tensor,
-        no_grad: Tensor,
-    ) -> None:
-        self.params = params
-        self.buffers = buffers
-        self.optimizers = optimizers
-        self.loss_sum = loss_sum
-        self.correct = correct
-        self.loss_finite = loss_finite
-        self.params_finite = params_finite
-        self.no_grad = no_grad
-        self.seen = 0
-        self.last_batch: tuple[Tensor, Tensor] | None = None
+    params: dict[str, Tensor]
+    buffers: dict[str, Tensor]
+    optimizers: list[torch.optim.Optimizer]
+    loss_sum: Tensor
+    correct: Tensor
+    loss_finite: Tensor
+    #: ``[G, len(seed names)]``: every gradient of that member's trained seed parameter
+    #: was finite so far.
+    params_finite: Tensor
+    #: ``[G]`` finite stand-in norms for a seed parameter that got no gradient.
+    no_grad: Tensor
+    seen: int = 0
+    last_batch: tuple[Tensor, Tensor] | None = None
 
 
-def _states_by_name(env: GrowingHost) -> dict[str, dict]:
-    """Each parameter's optimizer state dict, by the parameter's name in the host."""
-    states: dict[int, dict] = {}
+def _owners_by_name(env: GrowingHost) -> dict[str, tuple[torch.optim.Optimizer, Tensor]]:
+    """Each parameter's optimizer, and the parameter, by its name in the host."""
+    owners: dict[int, torch.optim.Optimizer] = {}
     for optimizer in env.optimizers():
         for group in optimizer.param_groups:
             for p in group["params"]:
-                states[id(p)] = optimizer.state[p]
-    return {name: states[id(p)] for name, p in env.model.named_parameters() if id(p) in states}
+                owners[id(p)] = optimizer
+    return {name: (owners[id(p)], p) for name, p in env.model.named_parameters() if id(p) in owners}
+
+
+def _momentum_of(optimizer: torch.optim.Optimizer, param: Tensor) -> Tensor | None:
+    """``param``'s momentum buffer, read without adding an empty state for it (an
+    optimizer's state is a defaultdict, and what it holds goes into checkpoints)."""
+    state = optimizer.state.get(param)
+    return None if state is None else state.get(MOMENTUM_BUFFER)
 
 
 def _forward_loss(template: HostModel) -> Callable[..., tuple[Tensor, Tensor]]:
