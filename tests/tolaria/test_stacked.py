@@ -168,6 +168,22 @@ def test_a_seed_just_planted_gets_no_optimizer_state_from_a_stacked_epoch() -> N
         assert not env.seed_optimizers["stage1"].state_dict()["state"]
 
 
+def test_groups_of_envs_apart_train_on_their_own_shares(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Envs 0 and 2 plain, 1 and 3 with a seed: each group gathers its members' rows."""
+    steps = count_stacked_steps(monkeypatch)
+
+    def envs() -> list[GrowingHost]:
+        made = cnn_envs()[:4]
+        made[1], made[2] = made[2], made[1]
+        return made
+
+    assert stack_groups(envs()) == ([[0, 2], [1, 3]], [])
+    run_both(envs, image_loaders(n_train=64, batch=16))
+    assert steps == [2] * (2 * 4 * 2)  # 2 groups, 4 batches, 2 epochs
+
+
 def test_paired_groups_train_stacked_on_their_shared_share() -> None:
     run_both(lambda: cnn_envs()[:8], image_loaders(n_train=64, batch=16), paired_group=2)
 

@@ -258,14 +258,15 @@ def _train_batches(
     options: _Options,
 ) -> None:
     """Train every env on its share of every batch, one batch at a time."""
-    devices = {env.device for env in envs}
+    env_devices = [env.device for env in envs]  # a parameter lookup each: once an epoch
     for b, (x_cpu, y_cpu) in enumerate(batches):
         # One copy of the batch per device the envs live on (round-robin placement).
         copies = {
-            d: (x_cpu.to(d, non_blocking=True), y_cpu.to(d, non_blocking=True)) for d in devices
+            d: (x_cpu.to(d, non_blocking=True), y_cpu.to(d, non_blocking=True))
+            for d in set(env_devices)
         }
         for i in range(len(envs)):
-            _train_env_on_batch(envs, accs, i, b, copies[envs[i].device], streams[i], options)
+            _train_env_on_batch(envs, accs, i, b, copies[env_devices[i]], streams[i], options)
     for env, stream in zip(envs, streams, strict=True):
         if stream is not None:
             torch.cuda.current_stream(env.device).wait_stream(stream)
@@ -287,40 +288,73 @@ def _train_batches_stacked(
     """
     members, alone = stack_groups(envs)
     groups = [StackedGroup([envs[i] for i in g], [accs[i] for i in g]) for g in members]
+    env_devices = [env.device for env in envs]  # a parameter lookup each: once an epoch
+    #: Per group, its members' rows of a batch split in equal shares, where they are not
+    #: one slice: gathered by one index (made once, on the group's device).
+    rows = [
+        None if g == list(range(g[0], g[-1] + 1)) else torch.tensor(g, device=env_devices[g[0]])
+        for g in members
+    ]
     #: Groups that ran out of memory: their members finish the epoch on their own.
     split: set[int] = set()
-    devices = {env.device for env in envs}
     for b, (x_cpu, y_cpu) in enumerate(batches):
         copies = {
-            d: (x_cpu.to(d, non_blocking=True), y_cpu.to(d, non_blocking=True)) for d in devices
+            d: (x_cpu.to(d, non_blocking=True), y_cpu.to(d, non_blocking=True))
+            for d in set(env_devices)
         }
         on_own = list(alone)
         for g, (group, indices) in enumerate(zip(groups, members, strict=True)):
-            shares = [
-                env_share(copies[envs[i].device], b, i, len(envs), options.paired_group)
-                for i in indices
-            ]
-            if g not in split and len({x.shape[0] for x, _ in shares}) == 1:
-                try:
-                    group.step(
-                        torch.stack([x for x, _ in shares]),
-                        torch.stack([y for _, y in shares]),
-                        options.amp_dtype,
-                    )
-                    continue
-                except torch.OutOfMemoryError:
-                    split.add(g)
-                    if envs[indices[0]].device.type == "cuda":
-                        torch.cuda.empty_cache()
+            device = env_devices[indices[0]]
+            if g not in split:
+                shares = _group_shares(copies[device], b, indices, rows[g], len(envs), options)
+                if shares is not None:
+                    try:
+                        group.step(*shares, options.amp_dtype)
+                        continue
+                    except torch.OutOfMemoryError:
+                        split.add(g)
+                        if device.type == "cuda":
+                            torch.cuda.empty_cache()
             group.write_back()
             on_own += indices
         for i in sorted(on_own):
-            _train_env_on_batch(envs, accs, i, b, copies[envs[i].device], streams[i], options)
+            _train_env_on_batch(envs, accs, i, b, copies[env_devices[i]], streams[i], options)
     for group in groups:
         group.write_back()
-    for env, stream in zip(envs, streams, strict=True):
+    for device, stream in zip(env_devices, streams, strict=True):
         if stream is not None:
-            torch.cuda.current_stream(env.device).wait_stream(stream)
+            torch.cuda.current_stream(device).wait_stream(stream)
+
+
+def _group_shares(
+    batch: tuple[Tensor, Tensor],
+    b: int,
+    indices: list[int],
+    rows: Tensor | None,
+    n_envs: int,
+    options: _Options,
+) -> tuple[Tensor, Tensor] | None:
+    """The shares of batch ``b`` that the envs ``indices`` train on, stacked ``[G, ...]``
+    (:func:`env_share`), or None where they differ in size.
+
+    No per-env copies where the split is even: the batch viewed as ``[n_envs, share, ...]``
+    and sliced (``rows`` None: consecutive envs) or gathered by ``rows``; with paired
+    groups, the one share every env trains on, expanded over the members.
+    """
+    x, y = batch
+    if options.paired_group is not None:  # every env trains on the same share
+        xs, ys = env_share(batch, b, indices[0], n_envs, options.paired_group)
+        return xs.expand(len(indices), *xs.shape), ys.expand(len(indices), *ys.shape)
+    if x.shape[0] % n_envs:
+        shares = [env_share(batch, b, i, n_envs, None) for i in indices]
+        if len({xi.shape[0] for xi, _ in shares}) > 1:
+            return None
+        return torch.stack([xi for xi, _ in shares]), torch.stack([yi for _, yi in shares])
+    xv = x.view(n_envs, x.shape[0] // n_envs, *x.shape[1:])
+    yv = y.view(n_envs, y.shape[0] // n_envs, *y.shape[1:])
+    if rows is None:
+        return xv[indices[0] : indices[-1] + 1], yv[indices[0] : indices[-1] + 1]
+    return xv.index_select(0, rows), yv.index_select(0, rows)
 
 
 def _train_env_on_batch(
@@ -338,7 +372,7 @@ def _train_env_on_batch(
     if xe.shape[0] == 0 or acc.skipped:
         return
     try:
-        with _on_stream(stream, env.device, (xe, ye)):
+        with _on_stream(stream, xe.device, (xe, ye)):
             _train_step(env, acc, xe, ye, options)
     except torch.OutOfMemoryError as exc:
         if options.on_oom == "raise":
