@@ -292,7 +292,7 @@ def _train_batches_stacked(
     #: Per group, its members' rows of a batch split in equal shares, where they are not
     #: one slice: gathered by one index (made once, on the group's device).
     rows = [
-        None if g == list(range(g[0], g[-1] + 1)) else torch.tensor(g, device=env_devices[g[0]])
+        None if g == list(range(g[0], g[-1] + 1)) else _index_on(env_devices[g[0]], g)
         for g in members
     ]
     #: Groups that ran out of memory: their members finish the epoch on their own.
@@ -324,6 +324,15 @@ def _train_batches_stacked(
     for device, stream in zip(env_devices, streams, strict=True):
         if stream is not None:
             torch.cuda.current_stream(device).wait_stream(stream)
+
+
+def _index_on(device: torch.device, values: list[int]) -> Tensor:
+    """``values`` as an index tensor on ``device``, copied without stalling the host: a
+    plain copy from pageable memory to a GPU waits for the work queued before it."""
+    index = torch.tensor(values)
+    if device.type == "cuda":
+        index = index.pin_memory()
+    return index.to(device, non_blocking=True)
 
 
 def _group_shares(
