@@ -61,9 +61,10 @@ from esper.kasmina import GrowingHost
 from esper.kasmina.incubation import IncubationPass, incubating_slots, recording_start
 from esper.simic.module import DEFAULT_HOST_KWARGS, PPOModule
 from esper.tolaria.data import DATAMODULES
-from esper.tolaria.epoch import env_share, run_epoch
+from esper.tolaria.epoch import run_epoch
 from esper.tolaria.host_training import HostTraining
 from esper.tolaria.parallel import resolve_workers, run_env_steps
+from esper.tolaria.shares import env_share
 
 #: The two hosts of issue 16: esper-lite's (6 418 parameters on 3x32x32) and esper's default.
 HOSTS: dict[str, dict[str, Any]] = {

@@ -35,6 +35,7 @@ from esper.tolaria.compiled import compiled_forward_loss, forward_loss
 from esper.tolaria.counterfactual import validate_with_counterfactuals
 from esper.tolaria.host_training import HostTraining
 from esper.tolaria.parallel import resolve_workers, run_env_steps
+from esper.tolaria.shares import consecutive, env_share, group_shares, index_on
 from esper.tolaria.stacked import StackedGroup, stack_groups
 from esper.tolaria.streams import env_streams as _env_streams
 from esper.tolaria.streams import on_stream as _on_stream
@@ -215,10 +216,7 @@ def _train(
     streams = _env_streams(envs)
     # Callers may hold a no-grad context (the rollout loop does); host training needs grads.
     with torch.enable_grad():
-        if stacked:
-            _train_batches_stacked(envs, accs, batches, streams, options)
-        else:
-            _train_batches(envs, accs, batches, streams, options)
+        _train_batches(envs, accs, batches, streams, options, stacked)
     return accs
 
 
@@ -256,48 +254,26 @@ def _train_batches(
     batches: Iterable[tuple[Tensor, Tensor]],
     streams: list[torch.cuda.Stream | None],
     options: _Options,
+    stacked: bool,
 ) -> None:
-    """Train every env on its share of every batch, one batch at a time."""
-    env_devices = [env.device for env in envs]  # a parameter lookup each: once an epoch
-    for b, (x_cpu, y_cpu) in enumerate(batches):
-        # One copy of the batch per device the envs live on (round-robin placement).
-        copies = {
-            d: (x_cpu.to(d, non_blocking=True), y_cpu.to(d, non_blocking=True))
-            for d in set(env_devices)
-        }
-        for i in range(len(envs)):
-            _train_env_on_batch(envs, accs, i, b, copies[env_devices[i]], streams[i], options)
-    for env, stream in zip(envs, streams, strict=True):
-        if stream is not None:
-            torch.cuda.current_stream(env.device).wait_stream(stream)
-
-
-def _train_batches_stacked(
-    envs: Sequence[GrowingHost],
-    accs: list[EnvAccumulator],
-    batches: Iterable[tuple[Tensor, Tensor]],
-    streams: list[torch.cuda.Stream | None],
-    options: _Options,
-) -> None:
-    """Train envs that share an architecture as stacked groups (``esper.tolaria.stacked``),
-    the others on their own, one batch at a time.
+    """Train every env on its share of every batch, one batch at a time: with
+    ``stacked``, envs that share an architecture as groups (``esper.tolaria.stacked``),
+    the others, or all, on their own.
 
     A group whose members' shares of a batch differ in size is written back and its
     members train on that batch alone; one that runs out of memory is written back and
     its members finish the epoch alone (the per-env path applies ``on_oom``).
     """
-    members, alone = stack_groups(envs)
+    members, alone = stack_groups(envs) if stacked else ([], list(range(len(envs))))
     groups = [StackedGroup([envs[i] for i in g], [accs[i] for i in g]) for g in members]
     env_devices = [env.device for env in envs]  # a parameter lookup each: once an epoch
-    #: Per group, its members' rows of a batch split in equal shares, where they are not
-    #: one slice: gathered by one index (made once, on the group's device).
-    rows = [
-        None if g == list(range(g[0], g[-1] + 1)) else _index_on(env_devices[g[0]], g)
-        for g in members
-    ]
+    #: Per group, its members' rows of an evenly split batch, where they are not one
+    #: slice: gathered by one index, made once on the group's device.
+    rows = [None if consecutive(g) else index_on(env_devices[g[0]], g) for g in members]
     #: Groups that ran out of memory: their members finish the epoch on their own.
     split: set[int] = set()
     for b, (x_cpu, y_cpu) in enumerate(batches):
+        # One copy of the batch per device the envs live on (round-robin placement).
         copies = {
             d: (x_cpu.to(d, non_blocking=True), y_cpu.to(d, non_blocking=True))
             for d in set(env_devices)
@@ -305,16 +281,19 @@ def _train_batches_stacked(
         on_own = list(alone)
         for g, (group, indices) in enumerate(zip(groups, members, strict=True)):
             device = env_devices[indices[0]]
+            shares = None
             if g not in split:
-                shares = _group_shares(copies[device], b, indices, rows[g], len(envs), options)
-                if shares is not None:
-                    try:
-                        group.step(*shares, options.amp_dtype)
-                        continue
-                    except torch.OutOfMemoryError:
-                        split.add(g)
-                        if device.type == "cuda":
-                            torch.cuda.empty_cache()
+                shares = group_shares(
+                    copies[device], b, indices, rows[g], len(envs), options.paired_group
+                )
+            if shares is not None:
+                try:
+                    group.step(*shares, options.amp_dtype)
+                    continue
+                except torch.OutOfMemoryError:
+                    split.add(g)
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
             group.write_back()
             on_own += indices
         for i in sorted(on_own):
@@ -324,46 +303,6 @@ def _train_batches_stacked(
     for device, stream in zip(env_devices, streams, strict=True):
         if stream is not None:
             torch.cuda.current_stream(device).wait_stream(stream)
-
-
-def _index_on(device: torch.device, values: list[int]) -> Tensor:
-    """``values`` as an index tensor on ``device``, copied without stalling the host: a
-    plain copy from pageable memory to a GPU waits for the work queued before it."""
-    index = torch.tensor(values)
-    if device.type == "cuda":
-        index = index.pin_memory()
-    return index.to(device, non_blocking=True)
-
-
-def _group_shares(
-    batch: tuple[Tensor, Tensor],
-    b: int,
-    indices: list[int],
-    rows: Tensor | None,
-    n_envs: int,
-    options: _Options,
-) -> tuple[Tensor, Tensor] | None:
-    """The shares of batch ``b`` that the envs ``indices`` train on, stacked ``[G, ...]``
-    (:func:`env_share`), or None where they differ in size.
-
-    No per-env copies where the split is even: the batch viewed as ``[n_envs, share, ...]``
-    and sliced (``rows`` None: consecutive envs) or gathered by ``rows``; with paired
-    groups, the one share every env trains on, expanded over the members.
-    """
-    x, y = batch
-    if options.paired_group is not None:  # every env trains on the same share
-        xs, ys = env_share(batch, b, indices[0], n_envs, options.paired_group)
-        return xs.expand(len(indices), *xs.shape), ys.expand(len(indices), *ys.shape)
-    if x.shape[0] % n_envs:
-        shares = [env_share(batch, b, i, n_envs, None) for i in indices]
-        if len({xi.shape[0] for xi, _ in shares}) > 1:
-            return None
-        return torch.stack([xi for xi, _ in shares]), torch.stack([yi for _, yi in shares])
-    xv = x.view(n_envs, x.shape[0] // n_envs, *x.shape[1:])
-    yv = y.view(n_envs, y.shape[0] // n_envs, *y.shape[1:])
-    if rows is None:
-        return xv[indices[0] : indices[-1] + 1], yv[indices[0] : indices[-1] + 1]
-    return xv.index_select(0, rows), yv.index_select(0, rows)
 
 
 def _train_env_on_batch(
@@ -395,16 +334,6 @@ def _train_env_on_batch(
         env.zero_grad()
         if env.device.type == "cuda":
             torch.cuda.empty_cache()
-
-
-def env_share(
-    batch: tuple[Tensor, Tensor], b: int, env: int, n_envs: int, paired_group: int | None
-) -> tuple[Tensor, Tensor]:
-    """The part of batch number ``b`` that env ``env`` trains on: share ``env`` of ``n_envs``,
-    or with ``paired_group`` share ``b mod paired_group`` (see :func:`run_epoch`)."""
-    shares, share = (n_envs, env) if paired_group is None else (paired_group, b % paired_group)
-    x, y = batch
-    return x.tensor_split(shares)[share], y.tensor_split(shares)[share]
 
 
 def train_step(env: GrowingHost, x: Tensor, y: Tensor) -> None:
