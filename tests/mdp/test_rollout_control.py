@@ -16,6 +16,7 @@ from esper.mdp.governor import EnvSnapshot, GovernorRead, PanicConfig, RolloutCo
 from esper.simic.ppo import PPOBatch
 from esper.simic.ppo_collector import PPOCollector
 from tests.mdp.envs import GAMMA, LAMBDA, collector, small_env
+from tests.tolaria.stacking import count_stacked_steps
 
 N_ENVS = 2
 #: Six decisions per episode: steps 0 to 5.
@@ -241,12 +242,17 @@ def test_the_governor_sees_every_read_but_the_last_with_host_side_panic_codes(
         assert read.host_epoch == read.step + 1
 
 
-def test_a_governed_rollout_with_a_restore_still_reads_the_device_once_per_epoch() -> None:
-    col = collector(small_env(N_ENVS, EPISODE_EPOCHS), seed=0)
+@pytest.mark.parametrize("engine", ["per_env", "stacked"])
+def test_a_governed_rollout_with_a_restore_still_reads_the_device_once_per_epoch(
+    engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stacked_steps = count_stacked_steps(monkeypatch)
+    col = collector(small_env(N_ENVS, EPISODE_EPOCHS, engine=engine), seed=0)
     col.set_governor(ScriptedGovernor())
     with HostReadCounter() as counter:
         _, summary = col.collect_batch(0)
     assert counter.count == EPISODE_EPOCHS, counter.report()
+    assert bool(stacked_steps) == (engine == "stacked")
     assert summary.rollbacks.tolist() == [1, 0]
     # Positions SNAPSHOT_AT .. RESTORE_AT - 2 were dropped; the panicking one was kept.
     assert summary.discarded_transitions.tolist() == [RESTORE_AT - 1 - SNAPSHOT_AT, 0]
