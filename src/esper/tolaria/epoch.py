@@ -16,7 +16,6 @@ fused validation (``esper.tolaria.counterfactual``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, fields
 
 import torch
@@ -33,7 +32,7 @@ from esper.tolaria.accumulators import (
 )
 from esper.tolaria.compiled import compiled_forward_loss, forward_loss
 from esper.tolaria.counterfactual import validate_with_counterfactuals
-from esper.tolaria.host_training import HostTraining
+from esper.tolaria.host_training import HostTraining, autocast_to
 from esper.tolaria.parallel import resolve_workers, run_env_steps
 from esper.tolaria.shares import consecutive, env_share, group_shares, index_on
 from esper.tolaria.stacked import StackedGroup, stack_groups
@@ -156,17 +155,14 @@ def run_epoch(
         compiled=compile,
     )
     workers = resolve_workers(training.cpu_workers, len(envs))
-    if training.engine == "stacked":
-        train = _train(envs, train_batches, options, stacked=True)
-        val_loss, val_acc, cf_acc = validate_with_counterfactuals(envs, val_batches, device)
-    elif (
-        workers > 1 and not compile and amp != "fp16" and all(e.device.type == "cpu" for e in envs)
-    ):
+    stacked = training.engine == "stacked"
+    cpu_only = all(e.device.type == "cpu" for e in envs)
+    if workers > 1 and not stacked and not compile and amp != "fp16" and cpu_only:
         train, (val_loss, val_acc, cf_acc) = _train_and_validate_in_workers(
             envs, train_batches, val_batches, options, workers, device
         )
     else:
-        train = _train(envs, train_batches, options)
+        train = _train(envs, train_batches, options, stacked)
         val_loss, val_acc, cf_acc = validate_with_counterfactuals(envs, val_batches, device)
     for i, acc in enumerate(train):
         if acc.seen == 0 and not acc.skipped:
@@ -352,13 +348,7 @@ def _train_step(
     env.zero_grad()
     env.model.check_input(x)  # host-side shape check, outside any compiled graph
     env.probe = (x, y)  # a reference: what a widening seed planted next ranks units on
-    # Without amp, no autocast object per step: a step's Python holds the lock the CPU
-    # worker threads share (``esper.tolaria.parallel``).
-    autocast = (
-        nullcontext()
-        if options.amp_dtype is None
-        else torch.autocast(x.device.type, dtype=options.amp_dtype)
-    )
+    autocast = autocast_to(x.device.type, options.amp_dtype)
     incubation = acc.incubation
     # A compiled forward keeps its graph: no hook to record where incubation starts.
     recorded = [] if options.compiled or incubation is None else incubation.slots

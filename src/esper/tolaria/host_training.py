@@ -7,6 +7,7 @@ checks what depends on the envs it is given (a paired group must divide them).
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +52,13 @@ def check_host_training(
             f"'stacked' does not run with {setting} (a stacked step is neither compiled nor "
             "scaled per env); use engine=per_env, or turn compile off and amp to off or bf16",
         )
+
+
+def autocast_to(device_type: str, dtype: torch.dtype | None) -> AbstractContextManager:
+    """Autocast to ``dtype`` on ``device_type``; in full precision (None) no autocast
+    object at all: a training step's Python holds the lock that the CPU worker threads
+    share (``esper.tolaria.parallel``). One object serves several ``with`` blocks."""
+    return nullcontext() if dtype is None else torch.autocast(device_type, dtype=dtype)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ the group's key.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +41,7 @@ from esper.kasmina.incubation import incubating_slots, seeds_incubating
 from esper.kasmina.sgd import MOMENTUM_BUFFER, sgd_step
 from esper.kasmina.slot import SeedSlot
 from esper.tolaria.accumulators import EnvAccumulator
+from esper.tolaria.host_training import autocast_to
 
 #: The fewest envs worth stacking: one env alone gains nothing over its own path.
 MIN_GROUP = 2
@@ -191,18 +192,14 @@ class StackedGroup:
         stacked = self._stacked if self._stacked is not None else self._stack()
         self._stacked = stacked
         self.template.check_input(x[0])  # host-side shape check, outside vmap
-        autocast = (
-            nullcontext()
-            if autocast_dtype is None
-            else torch.autocast(x.device.type, dtype=autocast_dtype)
-        )
+        autocast = autocast_to(x.device.type, autocast_dtype)
         for p in stacked.params.values():
             p.grad = None
         with self.template.mapped(), autocast:
             loss, correct = self._forward(stacked.params, stacked.buffers, x, y)
         loss.sum().backward()
         if self._incubating:
-            self._incubation_backward(stacked, x, y, autocast_dtype)
+            self._incubation_backward(stacked, x, y, autocast)
         self._update_grad_flags(stacked)
         sgd_step(stacked.optimizers)
         count = y[0].numel()
@@ -214,7 +211,7 @@ class StackedGroup:
         stacked.last_batch = (x, y)
 
     def _incubation_backward(
-        self, stacked: _Stacked, x: Tensor, y: Tensor, autocast_dtype: torch.dtype | None
+        self, stacked: _Stacked, x: Tensor, y: Tensor, autocast: AbstractContextManager
     ) -> None:
         """The seed-only pass of the members' seeds in TRAINING (``esper.kasmina.incubation``):
         host parameters out of autograd, host buffers on copies, seeds at alpha 1."""
@@ -226,11 +223,6 @@ class StackedGroup:
             name: b if name in self._incubating_buffers else b.clone()
             for name, b in stacked.buffers.items()
         }
-        autocast = (
-            nullcontext()
-            if autocast_dtype is None
-            else torch.autocast(x.device.type, dtype=autocast_dtype)
-        )
         with self.template.mapped(), seeds_incubating(self._incubating), autocast:
             seed_loss, _ = self._forward(params, buffers, x, y)
         seed_loss.sum().backward()
