@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Issue 35's GPU checks as one device call: the CUDA tests, then benchmarks/gpu.py for
-# both engines, then benchmarks/dispatch.py on CUDA. Written for the `device` tool's
-# machines (torch, lightning, pytest and hypothesis installed there; no network), where
-# it runs from the repository root as
+# Issue 35's GPU checks as one device call: benchmarks/launch_strategies.py (the ways an
+# engine could launch, in plain PyTorch: the figures that choose it), the CUDA tests,
+# benchmarks/gpu.py for both engines, then benchmarks/dispatch.py on CUDA. Written for
+# the `device` tool's machines (torch, lightning, pytest and hypothesis installed there;
+# no network), where it runs from the repository root as
 #   bash benchmarks/gpu_session.sh            (figures and logs land in $OUT)
-# ESPER_GPU_ENVS / ESPER_GPU_EPOCHS shrink the benchmark (default "4 16 64" and 2);
-# PYTHON names the interpreter (default python3); ESPER_GPU_DEVICE=cpu tries it on a CPU.
+# ESPER_GPU_ENVS / ESPER_GPU_EPOCHS shrink gpu.py (default "4 16 64" and 2),
+# ESPER_LAUNCH_ENVS launch_strategies.py (default "16 64"); PYTHON names the interpreter
+# (default python3); ESPER_GPU_DEVICE=cpu tries it on a CPU.
 # Esper runs from src/ with the machine's torch (no install: the pinned CPU torch is not
 # what a GPU wants, and GAE falls back to tensor ops without its C kernel).
 set -u -o pipefail
@@ -13,6 +15,7 @@ out=${OUT:-$(mktemp -d)}
 export PYTHONPATH=$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 envs=${ESPER_GPU_ENVS:-4 16 64}
 epochs=${ESPER_GPU_EPOCHS:-2}
+launch_envs=${ESPER_LAUNCH_ENVS:-16 64}
 py=${PYTHON:-python3}
 device=${ESPER_GPU_DEVICE:-cuda}
 "$py" - <<'PY' 2>&1 | tee "$out/machine.txt"
@@ -20,11 +23,16 @@ import torch
 name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
 print(f"torch {torch.__version__}, {name}, {torch.get_num_threads()} CPU threads")
 PY
+# Each part under a timeout, so the call ends inside the device's 10-minute limit; the
+# most telling part first, and every row is printed as it is measured.
+# shellcheck disable=SC2086  # lists of counts
+timeout 120 "$py" benchmarks/launch_strategies.py --device "$device" --n-envs $launch_envs 2>&1 \
+  | tee "$out/launch_strategies.txt"
 # CUDA tests of the host-training paths (stacked vs per-env, streams, AMP, rollout reads).
-timeout 180 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/tolaria tests/mdp \
+timeout 150 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/tolaria tests/mdp \
   tests/kasmina 2>&1 | tee "$out/gpu_tests.txt"
-# shellcheck disable=SC2086  # envs is a list of counts
-timeout 330 "$py" benchmarks/gpu.py --device "$device" --n-envs $envs --epochs "$epochs" 2>&1 \
+# shellcheck disable=SC2086
+timeout 240 "$py" benchmarks/gpu.py --device "$device" --n-envs $envs --epochs "$epochs" 2>&1 \
   | tee "$out/gpu_bench.txt"
-timeout 60 "$py" benchmarks/dispatch.py --device "$device" 2>&1 | tee "$out/dispatch.txt"
+timeout 45 "$py" benchmarks/dispatch.py --device "$device" 2>&1 | tee "$out/dispatch.txt"
 echo "logs in $out"
