@@ -168,6 +168,51 @@ def test_a_seed_just_planted_gets_no_optimizer_state_from_a_stacked_epoch() -> N
         assert not env.seed_optimizers["stage1"].state_dict()["state"]
 
 
+def envs_with_idle_seeds() -> list[GrowingHost]:
+    """Two plain envs and two that have just planted a seed (GERMINATED: the step leaves
+    it alone), one a gated widening; envs 0 and 3 also incubate a seed in stage1."""
+    torch.manual_seed(0)
+    made = [GrowingHost(CNNHost(channels=(8, 16), lifecycle=FAST)) for _ in range(4)]
+    made[0].germinate("stage0", "conv_light", BlendMode.LINEAR)
+    made[2].germinate("stage0", "widen", BlendMode.GATED)
+    for env in (made[0], made[3]):
+        env.germinate("stage1", "conv_light", BlendMode.LINEAR)
+        to_stage(env, "stage1", SeedStage.TRAINING)
+    return made
+
+
+def test_a_seed_just_planted_does_not_keep_its_env_from_the_envs_with_an_empty_slot() -> None:
+    envs = envs_with_idle_seeds()
+    assert stack_groups(envs) == ([[0, 3], [1, 2]], [])
+    idle = [copy.deepcopy(envs[i].model.slot("stage0").seed) for i in (0, 2)]
+    _, stacked = run_both(envs_with_idle_seeds, image_loaders(n_train=64, batch=16))
+    for i, before in zip((0, 2), idle, strict=True):
+        seed = stacked[i].model.slot("stage0").seed
+        assert seed is not None and before is not None
+        for old, new in zip(before.state_dict().values(), seed.state_dict().values(), strict=True):
+            assert torch.equal(old, new)  # not trained, as on the per-env path
+        assert not stacked[i].seed_optimizers["stage0"].state_dict()["state"]
+
+
+def test_an_idle_seed_keeps_its_place_in_its_envs_seed_gradient_flags() -> None:
+    """Env 0 (the group's template) lists its idle stage0 seed's flags before its stage1
+    seed's; env 3 lists only stage1's. A non-finite gradient in env 0's incubating seed
+    lands on env 0's stage1 flags alone."""
+    envs = envs_with_idle_seeds()
+    pair = [envs[0], envs[3]]
+    for env in pair:
+        env.model.train()
+    accs = accumulators(pair)
+    group = StackedGroup(pair, accs)
+    x, y = torch.randn(2, 5, 1, 8, 8), torch.randint(0, 10, (2, 5))
+    x[0, 0, 0, 0, 0] = float("inf")
+    with torch.enable_grad():
+        group.step(x, y)
+    group.write_back()
+    assert accs[0].seed_grads_finite().tolist() == [True, False]
+    assert accs[1].seed_grads_finite().tolist() == [True, True]
+
+
 def test_groups_of_envs_apart_train_on_their_own_shares(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

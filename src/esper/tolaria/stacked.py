@@ -3,7 +3,8 @@
 Why: a host of the predecessor's size is a few dozen small kernels a training step, so on
 a GPU the per-env path is launch-bound, and adding envs adds launches, not work. Envs
 whose hosts have the same architecture, the same seeds in the same stages and the same
-optimizer settings differ only in their tensors, so their steps can run as one: every
+optimizer settings differ only in their tensors, so their steps can run as one (a seed
+just planted counts as none: the step does not run it): every
 parameter, buffer and momentum buffer stacked along a leading env dimension, the forward
 mapped over it with ``torch.func.vmap`` (one grouped kernel where the per-env path
 launched one per env), one backward, one SGD step over the stacked tensors.
@@ -51,21 +52,45 @@ MIN_GROUP = 2
 def stack_key(env: GrowingHost) -> Hashable:
     """What must be equal for envs to train as one stacked network.
 
-    The host's class, device and mode; every parameter's and buffer's name, shape and
-    dtype; what steers each slot's forward (:func:`_slot_key`); and, per parameter, the
-    optimizer settings and whether it has a momentum buffer yet. Alpha is not in it: it
-    is a buffer, stacked like the others, so envs blending at different points of their
-    ramps, or by different blend modes, share a group.
+    The host's class, device and mode; the name, shape and dtype of every parameter and
+    buffer a training step uses (:func:`trained_tensors`); what steers each slot's
+    forward (:func:`_slot_key`); and, per parameter, the optimizer settings and whether
+    it has a momentum buffer yet. Alpha is not in it: it is a buffer, stacked like the
+    others, so envs blending at different points of their ramps, or by different blend
+    modes, share a group. Nor is a seed that the step leaves alone (:data:`IDLE_STAGES`):
+    an env that has just planted one trains with the envs whose slot is empty.
     """
     model = env.model
     settings = _optimizer_settings(env)
-    params = tuple(
+    params, buffers = trained_tensors(model)
+    params_key = tuple(
         (name, tuple(p.shape), p.dtype, p.requires_grad, settings.get(id(p)))
-        for name, p in model.named_parameters()
+        for name, p in params.items()
     )
-    buffers = tuple((name, tuple(b.shape), b.dtype) for name, b in model.named_buffers())
+    buffers_key = tuple((name, tuple(b.shape), b.dtype) for name, b in buffers.items())
     slots = tuple(_slot_key(slot) for slot in model.iter_slots())
-    return (type(model), env.device, model.training, params, buffers, slots)
+    return (type(model), env.device, model.training, params_key, buffers_key, slots)
+
+
+#: Stages whose seed a training step leaves alone: its slot passes the host's activation
+#: on, no pass of the step runs the seed, so its parameters get no gradient and its
+#: optimizer skips them (GERMINATED: planted, incubating from the next epoch).
+IDLE_STAGES = frozenset({SeedStage.GERMINATED})
+
+
+def trained_tensors(model: HostModel) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """The parameters and buffers, by name, that a training step of ``model`` uses: all
+    but those of seeds (and their gates) in :data:`IDLE_STAGES`."""
+    idle: set[int] = set()
+    for slot in model.iter_slots():
+        if slot.seed is not None and slot.stage in IDLE_STAGES:
+            for module in (slot.seed, slot.gate):
+                if module is not None:
+                    idle.update(id(t) for t in module.parameters())
+                    idle.update(id(t) for t in module.buffers())
+    params = {name: p for name, p in model.named_parameters() if id(p) not in idle}
+    buffers = {name: b for name, b in model.named_buffers() if id(b) not in idle}
+    return params, buffers
 
 
 #: What a slot's stage makes its forward do with a seed (``SeedSlot.forward``): pass the
@@ -80,10 +105,11 @@ _FORWARD_BY_STAGE = {
 
 
 def _slot_key(slot: SeedSlot) -> Hashable:
-    """What steers a slot's forward in Python: nothing without a seed (an empty slot and a
-    merged widening pass ``h`` on, whatever their stage); else the seed's module type and
-    blueprint, what its stage makes the forward do, and whether a gate multiplies it."""
-    if slot.seed is None:
+    """What steers a slot's forward in Python: nothing without a seed or with an idle one
+    (an empty slot, a merged widening and a seed in :data:`IDLE_STAGES` pass ``h`` on);
+    else the seed's module type and blueprint, what its stage makes the forward do, and
+    whether a gate multiplies it."""
+    if slot.seed is None or slot.stage in IDLE_STAGES:
         return (slot.slot_id,)
     return (
         slot.slot_id,
@@ -142,26 +168,38 @@ class StackedGroup:
         leader = self.envs[0]
         self.template = leader.model
         names = {id(p): name for name, p in self.template.named_parameters()}
-        #: Per env, its parameters and buffers by name (the same names for every member).
-        self._params = [dict(env.model.named_parameters()) for env in self.envs]
-        self._buffers = [dict(env.model.named_buffers()) for env in self.envs]
+        #: Per env, the parameters and buffers its step uses, by name (the same names for
+        #: every member: an idle seed's are left out, and with them the template's, whose
+        #: own tensors ``functional_call`` keeps but the forward does not run).
+        trained = [trained_tensors(env.model) for env in self.envs]
+        self._params = [params for params, _ in trained]
+        self._buffers = [buffers for _, buffers in trained]
         settings = _optimizer_settings(leader)
         #: Parameter names by (lr, momentum, weight decay): one SGD group each.
         self._sgd_groups: dict[tuple[float, float, float], list[str]] = {}
-        for name, p in self.template.named_parameters():
+        for name, p in self._params[0].items():
             if id(p) in settings:
                 lr, momentum, decay, _ = settings[id(p)]
                 self._sgd_groups.setdefault((lr, momentum, decay), []).append(name)
         #: Per member, each parameter's optimizer and the parameter, by name: where its
         #: momentum buffer lives.
         self._owners = [_owners_by_name(env) for env in self.envs]
-        #: The trained seeds' parameter names, in the order ``EnvAccumulator`` lists them.
+        #: The slots whose seed the step trains: each member's own optimizer holds them.
+        trained_slots = [
+            s
+            for s, slot_id in enumerate(leader.slot_ids)
+            if slot_id in leader.seed_optimizers
+            and leader.model.slot(slot_id).stage not in IDLE_STAGES
+        ]
+        #: Their parameters' names, slot by slot.
         self._seed_names = [
             names[id(p)]
-            for slot_id in leader.slot_ids
-            if slot_id in leader.seed_optimizers
-            for p in leader.model.slot(slot_id).seed_parameters()
+            for s in trained_slots
+            for p in leader.model.slot(leader.slot_ids[s]).seed_parameters()
         ]
+        #: Per member, where each trained slot's flags sit in its accumulator (which also
+        #: lists an idle seed's parameters) and in ``_seed_names``.
+        self._flag_spans = [_flag_spans(acc, trained_slots) for acc in self.accs]
         incubating = incubating_slots(self.template)
         self._incubating = incubating
         incubating_ids = {id(p) for slot in incubating for p in slot.seed_parameters()}
@@ -304,8 +342,8 @@ class StackedGroup:
             acc.loss_sum.add_(stacked.loss_sum[g])
             acc.correct.add_(stacked.correct[g])
             acc.loss_finite.logical_and_(stacked.loss_finite[g])
-            if self._seed_names:
-                acc.params_finite.logical_and_(stacked.params_finite[g])
+            for mine, ours in self._flag_spans[g]:
+                acc.params_finite[mine].logical_and_(stacked.params_finite[g, ours])
             acc.seen += stacked.seen
             acc.seen_stacked += stacked.seen
             env.zero_grad()
@@ -331,6 +369,19 @@ class _Stacked:
     no_grad: Tensor
     seen: int = 0
     last_batch: tuple[Tensor, Tensor] | None = None
+
+
+def _flag_spans(acc: EnvAccumulator, slots: Sequence[int]) -> list[tuple[slice, slice]]:
+    """For each of ``slots`` (in order), the span of its parameters' flags in ``acc`` and in
+    a group's stacked flags, which list only ``slots``."""
+    spans = dict(acc.seed_spans)
+    pairs, start = [], 0
+    for s in slots:
+        mine = spans[s]
+        size = mine.stop - mine.start
+        pairs.append((mine, slice(start, start + size)))
+        start += size
+    return pairs
 
 
 def _owners_by_name(env: GrowingHost) -> dict[str, tuple[torch.optim.Optimizer, Tensor]]:
