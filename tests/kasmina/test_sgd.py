@@ -147,6 +147,45 @@ def test_parameters_without_gradients_are_left_alone() -> None:
     assert all(not opt.state for opt in opts)
 
 
+def test_a_step_that_runs_out_of_memory_moves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whichever of the step's allocations fails (the weight-decayed gradients of each
+    setting, the copy that starts a late parameter's momentum buffer), no parameter,
+    momentum buffer or optimizer state has moved: a stacked group that runs out of memory
+    retrains that batch env by env from there (esper.tolaria.stacked)."""
+    net = _net(5)
+    opts = _optimizers(net, (0.05, 0.1), 0.9, 5e-4)
+    _train(net, opts, "torch", 2)
+    del opts[0].state[net[0].bias]  # as a parameter before its first gradient
+    x, y = torch.randn(6, 3, 6, 6), torch.randint(0, 5, (6,))
+    nn.functional.cross_entropy(net(x), y).backward()
+    real_add, real_clone = torch._foreach_add, torch.Tensor.clone
+    allocations = {"made": 0, "fail_at": 0}
+
+    def counted(real):
+        def allocate(*args, **kwargs):
+            allocations["made"] += 1
+            if allocations["made"] == allocations["fail_at"]:
+                raise torch.OutOfMemoryError("simulated")
+            return real(*args, **kwargs)
+
+        return allocate
+
+    monkeypatch.setattr(torch, "_foreach_add", counted(real_add))
+    monkeypatch.setattr(torch.Tensor, "clone", counted(real_clone))
+    before_net, before_opts = copy.deepcopy((net, opts))
+    total = 3  # two settings' decayed gradients, one buffer started: counted below
+    for fail_at in range(1, total + 1):
+        allocations.update(made=0, fail_at=fail_at)
+        with pytest.raises(torch.OutOfMemoryError):
+            sgd_step(opts)
+        _assert_same(before_net, net, before_opts, opts)
+    allocations.update(made=0, fail_at=0)
+    sgd_step(opts)
+    assert allocations["made"] == total
+    assert not torch.equal(net[0].bias, before_net[0].bias)  # the step itself moves it
+    assert "momentum_buffer" in opts[0].state[net[0].bias]
+
+
 def test_clear_grads_sets_every_gradient_to_none() -> None:
     net = _net(3)
     opts = _optimizers(net, (0.05, 0.05), 0.9, 0.0)

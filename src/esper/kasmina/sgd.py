@@ -55,36 +55,68 @@ def sgd_step(optimizers: Iterable[torch.optim.Optimizer]) -> None:
                 )
             key = (group["lr"], group["momentum"], group["weight_decay"])
             params, grads, states = batches.setdefault(key, ([], [], []))
-            with_momentum = group["momentum"] != 0
             for p in group["params"]:
                 if p.grad is not None:
                     params.append(p)
                     grads.append(p.grad)
-                    if with_momentum:
-                        states.append(optimizer.state[p])
+                    # The optimizer's states (a defaultdict): an entry is made for p only
+                    # when its buffer is, so a failed step adds no empty one.
+                    states.append(optimizer.state)
+    steps = []
     for (lr, momentum, weight_decay), (params, grads, states) in batches.items():
         if not params:
             continue
         if weight_decay != 0:
             grads = torch._foreach_add(grads, params, alpha=weight_decay)
+        fresh: dict[int, Tensor] = {}
         if momentum != 0:
-            grads = _momentum(grads, states, momentum)
+            fresh = {
+                i: grads[i].detach().clone()
+                for i, (p, state) in enumerate(zip(params, states, strict=True))
+                if _buffer_of(state, p) is None
+            }
+        steps.append((lr, momentum, params, grads, states, fresh))
+    # Every allocation is made: from here on only in-place updates, so a step that runs
+    # out of memory has moved no parameter, momentum buffer or optimizer state (a
+    # stacked group retrains that batch env by env: ``esper.tolaria.stacked``).
+    for lr, momentum, params, grads, states, fresh in steps:
+        if momentum != 0:
+            grads = _momentum(params, grads, states, fresh, momentum)
         torch._foreach_add_(params, grads, alpha=-lr)
 
 
-def _momentum(grads: list[Tensor], states: list[dict], momentum: float) -> list[Tensor]:
-    """Each parameter's updated momentum buffer (``buf * momentum + grad``; a copy of the
-    gradient on its first step), written back into its optimizer state."""
-    bufs = [state.get(MOMENTUM_BUFFER) for state in states]
-    if all(buf is not None for buf in bufs):
-        torch._foreach_mul_(bufs, momentum)
-        torch._foreach_add_(bufs, grads)
-        return bufs
-    for i, (buf, grad, state) in enumerate(zip(bufs, grads, states, strict=True)):
-        if buf is None:
-            bufs[i] = state[MOMENTUM_BUFFER] = grad.detach().clone()
+def _buffer_of(state: dict, param: Tensor) -> Tensor | None:
+    """``param``'s momentum buffer in an optimizer's ``state``, None (and no entry made)
+    where it has none."""
+    mine = state.get(param)
+    return None if mine is None else mine.get(MOMENTUM_BUFFER)
+
+
+def _momentum(
+    params: list[Tensor],
+    grads: list[Tensor],
+    states: list[dict],
+    fresh: dict[int, Tensor],
+    momentum: float,
+) -> list[Tensor]:
+    """Each parameter's updated momentum buffer (``buf * momentum + grad``), written into
+    its optimizer's ``state``; ``fresh`` holds, by index, the copies of the gradient that
+    start the buffers of parameters on their first step."""
+    bufs: list[Tensor] = []
+    moving: list[Tensor] = []
+    moving_grads: list[Tensor] = []
+    for i, (p, grad, state) in enumerate(zip(params, grads, states, strict=True)):
+        if i in fresh:
+            state[p][MOMENTUM_BUFFER] = fresh[i]
+            bufs.append(fresh[i])
         else:
-            buf.mul_(momentum).add_(grad)
+            buf = state[p][MOMENTUM_BUFFER]
+            bufs.append(buf)
+            moving.append(buf)
+            moving_grads.append(grad)
+    if moving:
+        torch._foreach_mul_(moving, momentum)
+        torch._foreach_add_(moving, moving_grads)
     return bufs
 
 
