@@ -22,6 +22,7 @@ from esper.host_reads import HostReadCounter
 from esper.kasmina import CNNHost, GrowingHost, TransformerHost
 from esper.kasmina.sgd import MOMENTUM_BUFFER
 from esper.mdp.env_config import EnvConfig
+from esper.tolaria import stacked as stacked_module
 from esper.tolaria.accumulators import accumulators
 from esper.tolaria.epoch import EpochResult, run_epoch
 from esper.tolaria.host_training import HostTraining
@@ -269,6 +270,26 @@ def test_a_group_out_of_memory_finishes_the_epoch_env_by_env(
     run_both(lambda: cnn_envs()[:4], image_loaders(n_train=64, batch=16), epochs=1)
     # 4 batches, 2 groups: the second stops stacking at its first; the first goes on.
     assert calls["n"] == 4 + 1
+
+
+def test_a_group_out_of_memory_after_its_forward_retrains_the_batch_as_if_never_stacked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The failed step's forward had moved the group's batch-norm statistics and its
+    incubating seeds' own; its members retrain that batch alone, so those moves are
+    undone first, or the batch would count twice."""
+    calls = {"n": 0}
+    real_sgd_step = stacked_module.sgd_step
+
+    def sgd_step_that_runs_out_once(optimizers: object) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:  # the first group's second batch, forward and backward done
+            raise torch.OutOfMemoryError("simulated")
+        real_sgd_step(optimizers)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(stacked_module, "sgd_step", sgd_step_that_runs_out_once)
+    run_both(lambda: cnn_envs()[:4], image_loaders(n_train=64, batch=16), epochs=1)
+    assert calls["n"] == 4 + 1 + 1  # group 2: 4 batches; group 1: 1 done, 1 failed
 
 
 def test_write_back_puts_the_trained_tensors_and_sums_into_each_env() -> None:

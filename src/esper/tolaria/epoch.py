@@ -259,8 +259,8 @@ def _train_batches(
     A group whose members' shares of a batch differ in size is written back and its
     members train on that batch alone; one that runs out of memory is written back and
     its members finish the epoch alone (the per-env path applies ``on_oom``), starting
-    with the batch it failed on, whose batch-norm statistics the failed step may already
-    have counted.
+    with the batch it failed on: the failed step leaves the group as it found it
+    (``StackedGroup.step``), so that batch counts once.
     """
     members, alone = stack_groups(envs) if stacked else ([], list(range(len(envs))))
     groups = [StackedGroup([envs[i] for i in g], [accs[i] for i in g]) for g in members]

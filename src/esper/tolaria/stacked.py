@@ -230,6 +230,24 @@ class StackedGroup:
         stacked = self._stacked if self._stacked is not None else self._stack()
         self._stacked = stacked
         self.template.check_input(x[0])  # host-side shape check, outside vmap
+        # The forward moves buffers in place (batch-norm statistics, an incubating seed's
+        # own): kept, so that a step that runs out of memory leaves the group as it was
+        # and its members retrain the batch alone from there (``esper.tolaria.epoch``).
+        # Parameters, momentum and optimizer state move only after the SGD step has made
+        # its last allocation (``esper.kasmina.sgd``).
+        buffers = list(stacked.buffers.values())
+        torch._foreach_copy_(stacked.buffers_before, buffers)
+        try:
+            self._step(stacked, x, y, autocast_dtype)
+        except torch.OutOfMemoryError:
+            torch._foreach_copy_(buffers, stacked.buffers_before)
+            for p in stacked.params.values():
+                p.grad = None
+            raise
+
+    def _step(
+        self, stacked: _Stacked, x: Tensor, y: Tensor, autocast_dtype: torch.dtype | None
+    ) -> None:
         autocast = autocast_to(x.device.type, autocast_dtype)
         for p in stacked.params.values():
             p.grad = None
@@ -304,6 +322,7 @@ class StackedGroup:
         return _Stacked(
             params=params,
             buffers=buffers,
+            buffers_before=[b.clone() for b in buffers.values()],
             optimizers=optimizers,
             loss_sum=torch.zeros(self.size, device=device),
             correct=torch.zeros(self.size, device=device, dtype=torch.long),
@@ -358,6 +377,8 @@ class _Stacked:
 
     params: dict[str, Tensor]
     buffers: dict[str, Tensor]
+    #: ``buffers`` as the running step found them (in their order).
+    buffers_before: list[Tensor]
     optimizers: list[torch.optim.Optimizer]
     loss_sum: Tensor
     correct: Tensor
