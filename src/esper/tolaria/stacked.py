@@ -3,11 +3,11 @@
 Why: a host of the predecessor's size is a few dozen small kernels a training step, so on
 a GPU the per-env path is launch-bound, and adding envs adds launches, not work. Envs
 whose hosts have the same architecture, the same seeds in the same stages and the same
-optimizer settings differ only in their tensors, so their steps can run as one (a seed
-just planted counts as none: the step does not run it): every
+optimizer settings differ only in their tensors, so their steps can run as one: every
 parameter, buffer and momentum buffer stacked along a leading env dimension, the forward
 mapped over it with ``torch.func.vmap`` (one grouped kernel where the per-env path
-launched one per env), one backward, one SGD step over the stacked tensors.
+launched one per env), one backward, one SGD step over the stacked tensors. A seed just
+planted counts as no seed: no pass of the step runs it.
 
 A group is formed at the start of an epoch and written back into its envs at the end,
 before validation: lifecycle ops, rollback, checkpoints and the counterfactual pass run
