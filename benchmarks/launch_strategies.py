@@ -28,7 +28,9 @@ way. The ways:
 
 For each, it prints microseconds of wall per host step (one net, one batch), the
 device's busy share on CUDA (``gpu.py``'s: the union of kernel intervals over one more
-pass of the timed steps), and how far the nets' weights end from ``one_thread``'s
+pass of the timed steps; a graph's kernels reach the profiler only where CUPTI traces
+graph replays, so a busy share near 0% on a graph way means an untraced replay, and the
+microseconds are the figure to compare), and how far the nets' weights end from ``one_thread``'s
 after the warm-up and timed steps (each net's largest difference, the median over nets):
 the check that every way computed the same training (graphs replay the same kernels; a
 stacked convolution sums in another order). Rounding can send a single net apart: on
