@@ -29,6 +29,8 @@ from torch import Tensor
 
 #: torch's key for a parameter's momentum buffer in ``SGD.state``.
 MOMENTUM_BUFFER = "momentum_buffer"
+#: The state of a parameter with none yet, read without making an entry for it.
+_NONE: dict[str, Tensor] = {}
 
 
 @torch.no_grad()
@@ -59,65 +61,61 @@ def sgd_step(optimizers: Iterable[torch.optim.Optimizer]) -> None:
                 if p.grad is not None:
                     params.append(p)
                     grads.append(p.grad)
-                    # The optimizer's states (a defaultdict): an entry is made for p only
-                    # when its buffer is, so a failed step adds no empty one.
-                    states.append(optimizer.state)
+                    states.append(optimizer.state)  # a defaultdict: read with .get
     steps = []
     for (lr, momentum, weight_decay), (params, grads, states) in batches.items():
         if not params:
             continue
         if weight_decay != 0:
             grads = torch._foreach_add(grads, params, alpha=weight_decay)
+        bufs: list[Tensor | None] = []
         fresh: dict[int, Tensor] = {}
         if momentum != 0:
-            fresh = {
-                i: grads[i].detach().clone()
-                for i, (p, state) in enumerate(zip(params, states, strict=True))
-                if _buffer_of(state, p) is None
-            }
-        steps.append((lr, momentum, params, grads, states, fresh))
+            # An entry is made for a parameter only with its buffer, so a failed step
+            # adds no empty one (what an optimizer's states hold goes into checkpoints).
+            pairs = zip(params, states, strict=True)
+            bufs = [state.get(p, _NONE).get(MOMENTUM_BUFFER) for p, state in pairs]
+            fresh = {i: grads[i].detach().clone() for i, b in enumerate(bufs) if b is None}
+        steps.append((lr, momentum, params, grads, states, bufs, fresh))
     # Every allocation is made: from here on only in-place updates, so a step that runs
     # out of memory has moved no parameter, momentum buffer or optimizer state (a
     # stacked group retrains that batch env by env: ``esper.tolaria.stacked``).
-    for lr, momentum, params, grads, states, fresh in steps:
+    for lr, momentum, params, grads, states, bufs, fresh in steps:
         if momentum != 0:
-            grads = _momentum(params, grads, states, fresh, momentum)
+            grads = _momentum(params, grads, states, bufs, fresh, momentum)
         torch._foreach_add_(params, grads, alpha=-lr)
-
-
-def _buffer_of(state: dict, param: Tensor) -> Tensor | None:
-    """``param``'s momentum buffer in an optimizer's ``state``, None (and no entry made)
-    where it has none."""
-    mine = state.get(param)
-    return None if mine is None else mine.get(MOMENTUM_BUFFER)
 
 
 def _momentum(
     params: list[Tensor],
     grads: list[Tensor],
     states: list[dict],
+    bufs: list[Tensor | None],
     fresh: dict[int, Tensor],
     momentum: float,
 ) -> list[Tensor]:
     """Each parameter's updated momentum buffer (``buf * momentum + grad``), written into
-    its optimizer's ``state``; ``fresh`` holds, by index, the copies of the gradient that
-    start the buffers of parameters on their first step."""
-    bufs: list[Tensor] = []
-    moving: list[Tensor] = []
-    moving_grads: list[Tensor] = []
-    for i, (p, grad, state) in enumerate(zip(params, grads, states, strict=True)):
-        if i in fresh:
+    its optimizer's ``state``: ``bufs`` holds each one's buffer, None where ``fresh``
+    holds, by index, the copy of the gradient that starts it (its first step)."""
+    if not fresh:
+        moving: list[Tensor] = bufs  # type: ignore[assignment]  # none is None
+        torch._foreach_mul_(moving, momentum)
+        torch._foreach_add_(moving, grads)
+        return moving
+    updated: list[Tensor] = []
+    moving, moving_grads = [], []
+    for i, (p, grad, state, buf) in enumerate(zip(params, grads, states, bufs, strict=True)):
+        if buf is None:
             state[p][MOMENTUM_BUFFER] = fresh[i]
-            bufs.append(fresh[i])
+            updated.append(fresh[i])
         else:
-            buf = state[p][MOMENTUM_BUFFER]
-            bufs.append(buf)
+            updated.append(buf)
             moving.append(buf)
             moving_grads.append(grad)
     if moving:
         torch._foreach_mul_(moving, momentum)
         torch._foreach_add_(moving, moving_grads)
-    return bufs
+    return updated
 
 
 def clear_grads(optimizers: Iterable[torch.optim.Optimizer]) -> None:
