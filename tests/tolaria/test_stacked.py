@@ -351,9 +351,14 @@ def test_engine_settings_that_cannot_run_are_refused_by_name(
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_stacked_epochs_on_cuda_agree_with_the_per_env_path() -> None:
+@pytest.mark.parametrize(
+    "make", [cnn_envs, envs_with_idle_seeds], ids=["every-stage", "idle-seeds"]
+)
+def test_stacked_epochs_on_cuda_agree_with_the_per_env_path(
+    make: Callable[[], list[GrowingHost]],
+) -> None:
     def envs() -> list[GrowingHost]:
-        made = cnn_envs()
+        made = make()
         for env in made:
             env.model.cuda()  # parameters keep their identity: the optimizers follow
         return made
