@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -161,8 +162,8 @@ def test_a_step_that_runs_out_of_memory_moves_nothing(monkeypatch: pytest.Monkey
     real_add, real_clone = torch._foreach_add, torch.Tensor.clone
     allocations = {"made": 0, "fail_at": 0}
 
-    def counted(real):
-        def allocate(*args, **kwargs):
+    def counted(real: Callable[..., object]) -> Callable[..., object]:
+        def allocate(*args: object, **kwargs: object) -> object:
             allocations["made"] += 1
             if allocations["made"] == allocations["fail_at"]:
                 raise torch.OutOfMemoryError("simulated")

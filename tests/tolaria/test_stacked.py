@@ -170,8 +170,9 @@ def test_a_seed_just_planted_gets_no_optimizer_state_from_a_stacked_epoch() -> N
 
 
 def envs_with_idle_seeds() -> list[GrowingHost]:
-    """Two plain envs and two that have just planted a seed (GERMINATED: the step leaves
-    it alone), one a gated widening; envs 0 and 3 also incubate a seed in stage1."""
+    """Envs 0 and 2 have just planted a seed in stage0 (GERMINATED: the step leaves it
+    alone), env 2's a gated widening; envs 0 and 3 incubate a seed in stage1 (TRAINING);
+    env 1 is plain. So 0 groups with 3, and 2 with 1."""
     torch.manual_seed(0)
     made = [GrowingHost(CNNHost(channels=(8, 16), lifecycle=FAST)) for _ in range(4)]
     made[0].germinate("stage0", "conv_light", BlendMode.LINEAR)
