@@ -215,6 +215,87 @@ def test_an_idle_seed_keeps_its_place_in_its_envs_seed_gradient_flags() -> None:
     assert accs[1].seed_grads_finite().tolist() == [True, True]
 
 
+def envs_with_and_without_gates() -> list[GrowingHost]:
+    """Seeds whose forward multiplies by their gate where they have one (BlendMode.GATED):
+    envs 0-2 blend a conv_light seed in stage1, env 1 gated; envs 3-4 hold a depthwise
+    seed in stage0, env 4 gated; envs 5-6 have fossilized a conv_light seed in stage1,
+    env 5 gated; envs 7-8 blend a widening in stage1, env 8 gated; envs 9-10 blend
+    conv_light seeds in both slots, env 9 gated in stage0 only, env 10 in stage1 only."""
+    torch.manual_seed(0)
+    plan = [
+        [("stage1", "conv_light", BlendMode.LINEAR, SeedStage.BLENDING)],
+        [("stage1", "conv_light", BlendMode.GATED, SeedStage.BLENDING)],
+        [("stage1", "conv_light", BlendMode.SIGMOID, SeedStage.BLENDING)],
+        [("stage0", "depthwise", BlendMode.LINEAR, SeedStage.HOLDING)],
+        [("stage0", "depthwise", BlendMode.GATED, SeedStage.HOLDING)],
+        [("stage1", "conv_light", BlendMode.GATED, SeedStage.FOSSILIZED)],
+        [("stage1", "conv_light", BlendMode.LINEAR, SeedStage.FOSSILIZED)],
+        [("stage1", "widen", BlendMode.LINEAR, SeedStage.BLENDING)],
+        [("stage1", "widen", BlendMode.GATED, SeedStage.BLENDING)],
+        [
+            ("stage0", "conv_light", BlendMode.GATED, SeedStage.BLENDING),
+            ("stage1", "conv_light", BlendMode.LINEAR, SeedStage.BLENDING),
+        ],
+        [
+            ("stage0", "conv_light", BlendMode.LINEAR, SeedStage.BLENDING),
+            ("stage1", "conv_light", BlendMode.GATED, SeedStage.BLENDING),
+        ],
+    ]
+    made = [GrowingHost(CNNHost(channels=(8, 16), lifecycle=FAST)) for _ in plan]
+    for env, seeds in zip(made, plan, strict=True):
+        for slot_id, blueprint, mode, stage in seeds:
+            env.germinate(slot_id, blueprint, mode)
+            to_stage(env, slot_id, stage)
+    return made
+
+
+def test_envs_with_and_without_a_gate_group_where_one_member_has_every_gate() -> None:
+    groups, alone = stack_groups(envs_with_and_without_gates())
+    assert groups == [[0, 1, 2], [3, 4], [5, 6], [7, 8]]
+    assert alone == [9, 10]  # neither has both gates: no member could run the group
+
+
+def test_stacked_epochs_with_and_without_gates_equal_the_per_env_path() -> None:
+    """Two epochs: in the second, the gated members' gates have momentum, the rows of the
+    members without a gate do not."""
+    _, stacked = run_both(envs_with_and_without_gates, image_loaders(n_train=132, batch=44))
+    for i in (0, 2, 3, 6, 7):
+        assert not any(".gate." in name for name, _ in stacked[i].model.named_parameters())
+
+
+def test_a_member_without_a_gate_runs_the_templates_gate_as_one() -> None:
+    """Env 1 (gated) is the group's template though listed second; a non-finite gradient
+    in its seed lands on its own flags, not on env 0's."""
+    envs = envs_with_and_without_gates()
+    pair = [envs[0], envs[1]]
+    for env in pair:
+        env.model.train()
+    accs = accumulators(pair)
+    group = StackedGroup(pair, accs)
+    assert group.template is envs[1].model
+    x, y = torch.randn(2, 5, 1, 8, 8), torch.randint(0, 10, (2, 5))
+    x[1, 0, 0, 0, 0] = float("inf")
+    with torch.enable_grad():
+        group.step(x, y)
+    group.write_back()
+    assert accs[0].seed_grads_finite().tolist() == [True, True]
+    assert accs[1].seed_grads_finite().tolist() == [True, False]
+
+
+def test_a_group_no_member_of_which_has_every_gate_is_refused() -> None:
+    envs = envs_with_and_without_gates()[9:]
+    with pytest.raises(ValueError, match="has every gate"):
+        StackedGroup(envs, accumulators(envs))
+
+
+def test_gates_split_a_key_group_where_they_differ_or_no_member_has_them_all() -> None:
+    a, b = ((4,), "lr 0.1, no buffer"), ((4,), "lr 0.1, a buffer")
+    split = stacked_module._split_by_gates
+    assert split([0, 1, 2], [{}, {"g1": a}, {}]) == [[0, 1, 2]]
+    assert split([0, 1, 2], [{"g1": a}, {"g1": b}, {}]) == [[0, 2], [1]]
+    assert split([0, 1, 2], [{"g1": a}, {"g2": a}, {"g1": a, "g2": a}]) == [[0, 2], [1]]
+
+
 def test_groups_of_envs_apart_train_on_their_own_shares(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -353,7 +434,9 @@ def test_engine_settings_that_cannot_run_are_refused_by_name(
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize(
-    "make", [cnn_envs, envs_with_idle_seeds], ids=["every-stage", "idle-seeds"]
+    "make",
+    [cnn_envs, envs_with_idle_seeds, envs_with_and_without_gates],
+    ids=["every-stage", "idle-seeds", "gates"],
 )
 def test_stacked_epochs_on_cuda_agree_with_the_per_env_path(
     make: Callable[[], list[GrowingHost]],

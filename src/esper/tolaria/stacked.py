@@ -7,7 +7,9 @@ optimizer settings differ only in their tensors, so their steps can run as one: 
 parameter, buffer and momentum buffer stacked along a leading env dimension, the forward
 mapped over it with ``torch.func.vmap`` (one grouped kernel where the per-env path
 launched one per env), one backward, one SGD step over the stacked tensors. A seed just
-planted counts as no seed: no pass of the step runs it.
+planted counts as no seed: no pass of the step runs it. A gate that some members' seeds
+have and others' lack is run for all of them, at a logit of +inf (a factor of exactly 1)
+on the rows of those that lack it.
 
 A group is formed at the start of an epoch and written back into its envs at the end,
 before validation: lifecycle ops, rollback, checkpoints and the counterfactual pass run
@@ -58,7 +60,9 @@ def stack_key(env: GrowingHost) -> Hashable:
     it has a momentum buffer yet. Alpha is not in it: it is a buffer, stacked like the
     others, so envs blending at different points of their ramps, or by different blend
     modes, share a group. Nor is a seed that the step leaves alone (:data:`IDLE_STAGES`):
-    an env that has just planted one trains with the envs whose slot is empty.
+    an env that has just planted one trains with the envs whose slot is empty. Nor is a
+    gate on a seed whose output it multiplies (:data:`GATE_STAGES`): envs with and without
+    one share a group where :func:`stack_groups` finds them compatible.
     """
     model = env.model
     settings = _optimizer_settings(env)
@@ -77,20 +81,42 @@ def stack_key(env: GrowingHost) -> Hashable:
 #: optimizer skips them (GERMINATED: planted, incubating from the next epoch).
 IDLE_STAGES = frozenset({SeedStage.GERMINATED})
 
+#: Stages in which a slot's forward multiplies its seed's output by the seed's gate, where
+#: it has one (``BlendMode.GATED``); a group whose members differ in having one runs every
+#: member through it, a member without one at a logit of :data:`_NO_GATE_LOGIT`.
+GATE_STAGES = frozenset({SeedStage.BLENDING, SeedStage.HOLDING, SeedStage.FOSSILIZED})
+
+#: A missing gate's logit in a group's forward: sigmoid(inf) is exactly 1, so the seed's
+#: output passes unchanged both ways, and the logit's own gradient, ``s * (1 - s)``, is 0.
+_NO_GATE_LOGIT = float("inf")
+
 
 def trained_tensors(model: HostModel) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """The parameters and buffers, by name, that a training step of ``model`` uses: all
-    but those of seeds (and their gates) in :data:`IDLE_STAGES`."""
-    idle: set[int] = set()
+    """The parameters and buffers, by name, that a training step of ``model`` uses and a
+    group's members all have: all but those of seeds (and their gates) in
+    :data:`IDLE_STAGES`, and the gates of :func:`gate_tensors`."""
+    left_out: set[int] = {id(p) for p in gate_tensors(model).values()}
     for slot in model.iter_slots():
         if slot.seed is not None and slot.stage in IDLE_STAGES:
             for module in (slot.seed, slot.gate):
                 if module is not None:
-                    idle.update(id(t) for t in module.parameters())
-                    idle.update(id(t) for t in module.buffers())
-    params = {name: p for name, p in model.named_parameters() if id(p) not in idle}
-    buffers = {name: b for name, b in model.named_buffers() if id(b) not in idle}
+                    left_out.update(id(t) for t in module.parameters())
+                    left_out.update(id(t) for t in module.buffers())
+    params = {name: p for name, p in model.named_parameters() if id(p) not in left_out}
+    buffers = {name: b for name, b in model.named_buffers() if id(b) not in left_out}
     return params, buffers
+
+
+def gate_tensors(model: HostModel) -> dict[str, Tensor]:
+    """The parameters, by name, of the gates the forward multiplies by (a seed in
+    :data:`GATE_STAGES` that has one): a group's members need not all have them."""
+    gates = {
+        id(p)
+        for slot in model.iter_slots()
+        if slot.seed is not None and slot.gate is not None and slot.stage in GATE_STAGES
+        for p in slot.gate.parameters()
+    }
+    return {name: p for name, p in model.named_parameters() if id(p) in gates}
 
 
 #: What a slot's stage makes its forward do with a seed (``SeedSlot.forward``): pass the
@@ -107,16 +133,18 @@ _FORWARD_BY_STAGE = {
 def _slot_key(slot: SeedSlot) -> Hashable:
     """What steers a slot's forward in Python: nothing without a seed or with an idle one
     (an empty slot, a merged widening and a seed in :data:`IDLE_STAGES` pass ``h`` on);
-    else the seed's module type and blueprint, what its stage makes the forward do, and
-    whether a gate multiplies it."""
+    else the seed's module type and blueprint, what its stage makes the forward do, and,
+    outside :data:`GATE_STAGES` (where a group runs a missing gate as 1), whether it has a
+    gate."""
     if slot.seed is None or slot.stage in IDLE_STAGES:
         return (slot.slot_id,)
+    gated = None if slot.stage in GATE_STAGES else slot.gate is not None
     return (
         slot.slot_id,
         type(slot.seed),
         slot.lifecycle.blueprint,
         _FORWARD_BY_STAGE.get(slot.stage, slot.stage),
-        slot.gate is not None,
+        gated,
     )
 
 
@@ -126,9 +154,44 @@ def stack_groups(envs: Sequence[GrowingHost]) -> tuple[list[list[int]], list[int
     by_key: dict[Hashable, list[int]] = {}
     for i, env in enumerate(envs):
         by_key.setdefault(stack_key(env), []).append(i)
-    groups = [members for members in by_key.values() if len(members) >= MIN_GROUP]
+    groups = [
+        part
+        for members in by_key.values()
+        for part in _split_by_gates(members, [_gate_signature(envs[i]) for i in members])
+        if len(part) >= MIN_GROUP
+    ]
     grouped = {i for members in groups for i in members}
     return groups, [i for i in range(len(envs)) if i not in grouped]
+
+
+def _gate_signature(env: GrowingHost) -> dict[str, Hashable]:
+    """Per gate of :func:`gate_tensors`, by name: its shape, dtype and optimizer settings
+    (with whether it has a momentum buffer yet): what members that have it must share."""
+    settings = _optimizer_settings(env)
+    return {
+        name: (tuple(p.shape), p.dtype, p.requires_grad, settings.get(id(p)))
+        for name, p in gate_tensors(env.model).items()
+    }
+
+
+def _split_by_gates(members: list[int], signatures: list[dict[str, Hashable]]) -> list[list[int]]:
+    """Envs of one :func:`stack_key` in parts that can train as one: in a part, the members
+    that have a gate agree on it, and one member has every gate any member has (the
+    group's template: its forward runs them all). Greedy, in env order."""
+    parts: list[tuple[list[int], list[dict[str, Hashable]]]] = []
+    for i, mine in zip(members, signatures, strict=True):
+        for indices, theirs in parts:
+            union = {name: s for sig in theirs for name, s in sig.items()}
+            if any(union.get(name, s) != s for name, s in mine.items()):
+                continue
+            union.update(mine)
+            if any(union.keys() <= sig.keys() for sig in (*theirs, mine)):
+                indices.append(i)
+                theirs.append(mine)
+                break
+        else:
+            parts.append(([i], [mine]))
+    return [indices for indices, _ in parts]
 
 
 def _optimizer_settings(env: GrowingHost) -> dict[int, tuple[float, float, float, bool]]:
@@ -165,19 +228,33 @@ class StackedGroup:
             )
         self.envs = list(envs)
         self.accs = list(accs)
-        leader = self.envs[0]
+        gates = [gate_tensors(env.model) for env in self.envs]
+        every_gate = {name for mine in gates for name in mine}
+        #: The member whose model runs every member's forward: one with every gate.
+        self._lead = next((g for g, mine in enumerate(gates) if every_gate <= mine.keys()), -1)
+        if self._lead < 0:
+            raise ValueError(
+                "no member of this group has every gate its members have; group envs with "
+                "stack_groups, which keeps such envs apart"
+            )
+        leader = self.envs[self._lead]
         self.template = leader.model
         names = {id(p): name for name, p in self.template.named_parameters()}
-        #: Per env, the parameters and buffers its step uses, by name (the same names for
-        #: every member: an idle seed's are left out, and with them the template's, whose
-        #: own tensors ``functional_call`` keeps but the forward does not run).
+        #: Per env, the parameters and buffers its step uses, by name: the same names for
+        #: every member, but for the gates it lacks (an idle seed's are left out, and with
+        #: them the template's, whose own tensors ``functional_call`` keeps but the
+        #: forward does not run).
         trained = [trained_tensors(env.model) for env in self.envs]
-        self._params = [params for params, _ in trained]
+        self._params = [params | mine for (params, _), mine in zip(trained, gates, strict=True)]
         self._buffers = [buffers for _, buffers in trained]
+        #: The gates some member lacks, in the template's order.
+        self._partial_gates = [
+            name for name in gates[self._lead] if not all(name in mine for mine in gates)
+        ]
         settings = _optimizer_settings(leader)
         #: Parameter names by (lr, momentum, weight decay): one SGD group each.
         self._sgd_groups: dict[tuple[float, float, float], list[str]] = {}
-        for name, p in self._params[0].items():
+        for name, p in self._params[self._lead].items():
             if id(p) in settings:
                 lr, momentum, decay, _ = settings[id(p)]
                 self._sgd_groups.setdefault((lr, momentum, decay), []).append(name)
@@ -191,15 +268,23 @@ class StackedGroup:
             if slot_id in leader.seed_optimizers
             and leader.model.slot(slot_id).stage not in IDLE_STAGES
         ]
-        #: Their parameters' names, slot by slot.
-        self._seed_names = [
-            names[id(p)]
+        #: Their stacked parameters' names, slot by slot (a seed's, then its gate's).
+        stacked_names = self._params[self._lead]
+        by_slot = [
+            [
+                names[id(p)]
+                for p in leader.model.slot(leader.slot_ids[s]).seed_parameters()
+                if names[id(p)] in stacked_names
+            ]
             for s in trained_slots
-            for p in leader.model.slot(leader.slot_ids[s]).seed_parameters()
         ]
+        self._seed_names = [name for slot_names in by_slot for name in slot_names]
         #: Per member, where each trained slot's flags sit in its accumulator (which also
-        #: lists an idle seed's parameters) and in ``_seed_names``.
-        self._flag_spans = [_flag_spans(acc, trained_slots) for acc in self.accs]
+        #: lists an idle seed's parameters, and a gate the step does not run) and in
+        #: ``_seed_names`` (which lists a gate the member lacks).
+        self._flag_spans = [
+            _flag_spans(acc, trained_slots, [len(n) for n in by_slot]) for acc in self.accs
+        ]
         incubating = incubating_slots(self.template)
         self._incubating = incubating
         incubating_ids = {id(p) for slot in incubating for p in slot.seed_parameters()}
@@ -252,7 +337,8 @@ class StackedGroup:
         for p in stacked.params.values():
             p.grad = None
         with self.template.mapped(), autocast:
-            loss, correct = self._forward(stacked.params, stacked.buffers, x, y)
+            params = _with_missing_gates(stacked.params, stacked.gate_masks)
+            loss, correct = self._forward(params, stacked.buffers, x, y)
         loss.sum().backward()
         if self._incubating:
             self._incubation_backward(stacked, x, y, autocast)
@@ -280,6 +366,7 @@ class StackedGroup:
             for name, b in stacked.buffers.items()
         }
         with self.template.mapped(), seeds_incubating(self._incubating), autocast:
+            params = _with_missing_gates(params, stacked.gate_masks)
             seed_loss, _ = self._forward(params, buffers, x, y)
         seed_loss.sum().backward()
 
@@ -298,12 +385,13 @@ class StackedGroup:
     # ------------------------------------------------------------------ stacking
     def _stack(self) -> _Stacked:
         """Every member's tensors stacked along a new first dimension (copies)."""
+        lead = self._params[self._lead]
         with torch.no_grad():
             params = {
-                name: torch.stack([mine[name] for mine in self._params]).requires_grad_(
-                    self._params[0][name].requires_grad
-                )
-                for name in self._params[0]
+                name: torch.stack(
+                    [mine[name] if name in mine else torch.zeros_like(p) for mine in self._params]
+                ).requires_grad_(p.requires_grad)
+                for name, p in lead.items()
             }
             buffers = {
                 name: torch.stack([mine[name] for mine in self._buffers])
@@ -314,14 +402,29 @@ class StackedGroup:
             leaves = [params[name] for name in names]
             optimizer = torch.optim.SGD(leaves, lr=lr, momentum=momentum, weight_decay=decay)
             for name, leaf in zip(names, leaves, strict=True):
-                buffers_of = [_momentum_of(*owners[name]) for owners in self._owners]
-                if buffers_of[0] is not None:
-                    optimizer.state[leaf][MOMENTUM_BUFFER] = torch.stack(buffers_of)
+                # Members that have the tensor agree on having a buffer (stack_groups);
+                # a member without it gets a row of zeros, never written back.
+                buffers_of = [
+                    _momentum_of(*owners[name]) if name in owners else None
+                    for owners in self._owners
+                ]
+                had = next((b for b in buffers_of if b is not None), None)
+                if had is not None:
+                    rows = [torch.zeros_like(had) if b is None else b for b in buffers_of]
+                    optimizer.state[leaf][MOMENTUM_BUFFER] = torch.stack(rows)
             optimizers.append(optimizer)
         device = next(iter(params.values())).device
+        gate_masks = {}
+        for name in self._partial_gates:
+            has = torch.zeros(self.size, device=device, dtype=torch.bool)
+            for g, mine in enumerate(self._params):
+                if name in mine:
+                    has[g] = True  # a fill on the device: no list crosses to it
+            gate_masks[name] = has.view(-1, *([1] * (params[name].dim() - 1)))
         return _Stacked(
             params=params,
             buffers=buffers,
+            gate_masks=gate_masks,
             buffers_before=[b.clone() for b in buffers.values()],
             optimizers=optimizers,
             loss_sum=torch.zeros(self.size, device=device),
@@ -340,7 +443,12 @@ class StackedGroup:
         if stacked is None:
             return
         for name, p in stacked.params.items():
-            torch._foreach_copy_([mine[name] for mine in self._params], list(p.detach().unbind()))
+            rows = [
+                (mine[name], row)
+                for mine, row in zip(self._params, p.detach().unbind(), strict=True)
+                if name in mine
+            ]
+            torch._foreach_copy_([mine for mine, _ in rows], [row for _, row in rows])
         for name, b in stacked.buffers.items():
             torch._foreach_copy_([mine[name] for mine in self._buffers], list(b.unbind()))
         leaves = {id(p): name for name, p in stacked.params.items()}
@@ -351,6 +459,8 @@ class StackedGroup:
                     continue
                 name = leaves[id(leaf)]
                 for owners, row in zip(self._owners, buffer.unbind(), strict=True):
+                    if name not in owners:  # a gate this member lacks
+                        continue
                     owner, param = owners[name]
                     mine = _momentum_of(owner, param)
                     if mine is None:  # its first step was a stacked one
@@ -377,6 +487,8 @@ class _Stacked:
 
     params: dict[str, Tensor]
     buffers: dict[str, Tensor]
+    #: Per gate some member lacks: ``[G, 1, ...]`` bool, the members that have it.
+    gate_masks: dict[str, Tensor]
     #: ``buffers`` as the running step found them (in their order).
     buffers_before: list[Tensor]
     optimizers: list[torch.optim.Optimizer]
@@ -392,17 +504,33 @@ class _Stacked:
     last_batch: tuple[Tensor, Tensor] | None = None
 
 
-def _flag_spans(acc: EnvAccumulator, slots: Sequence[int]) -> list[tuple[slice, slice]]:
+def _flag_spans(
+    acc: EnvAccumulator, slots: Sequence[int], stacked_sizes: Sequence[int]
+) -> list[tuple[slice, slice]]:
     """For each of ``slots`` (in order), the span of its parameters' flags in ``acc`` and in
-    a group's stacked flags, which list only ``slots``."""
+    a group's stacked flags, which list only ``slots``, ``stacked_sizes[k]`` for the k-th.
+
+    A slot lists its seed's parameters, then its gate's, in both; where one of the two
+    lists a gate the other does not (a member without the template's gate, a gate the
+    step does not run), the seed's flags are the spans' common start."""
     spans = dict(acc.seed_spans)
     pairs, start = [], 0
-    for s in slots:
+    for s, stacked_size in zip(slots, stacked_sizes, strict=True):
         mine = spans[s]
-        size = mine.stop - mine.start
-        pairs.append((mine, slice(start, start + size)))
-        start += size
+        size = min(mine.stop - mine.start, stacked_size)
+        pairs.append((slice(mine.start, mine.start + size), slice(start, start + size)))
+        start += stacked_size
     return pairs
+
+
+def _with_missing_gates(params: dict[str, Tensor], masks: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``params`` with each gate some member lacks set to :data:`_NO_GATE_LOGIT` on that
+    member's row (its gradient there is 0, and the row is never written back)."""
+    if not masks:
+        return params
+    return params | {
+        name: torch.where(has, params[name], _NO_GATE_LOGIT) for name, has in masks.items()
+    }
 
 
 def _owners_by_name(env: GrowingHost) -> dict[str, tuple[torch.optim.Optimizer, Tensor]]:
