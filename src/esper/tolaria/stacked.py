@@ -410,6 +410,12 @@ class StackedGroup:
                 ]
                 had = next((b for b in buffers_of if b is not None), None)
                 if had is not None:
+                    missing = [g for g, b in enumerate(buffers_of) if b is None]
+                    if name not in self._partial_gates and missing:
+                        raise RuntimeError(
+                            f"members {missing} have no momentum buffer for {name} and the "
+                            "others have one: stack_key keeps such envs apart"
+                        )
                     rows = [torch.zeros_like(had) if b is None else b for b in buffers_of]
                     optimizer.state[leaf][MOMENTUM_BUFFER] = torch.stack(rows)
             optimizers.append(optimizer)
