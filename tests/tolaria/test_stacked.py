@@ -63,6 +63,12 @@ def cnn_envs() -> list[GrowingHost]:
     return envs
 
 
+def two_pairs() -> list[GrowingHost]:
+    """Two groups of two: plain envs, and envs blending a gated widening."""
+    made = cnn_envs()
+    return [made[0], made[1], made[4], made[5]]
+
+
 def assert_close_results(a: EpochResult, b: EpochResult) -> None:
     for name, value in a.as_dict().items():
         other = b.as_dict()[name]
@@ -110,9 +116,12 @@ def run_both(
 
 
 def test_envs_group_by_architecture_seeds_and_stages_but_not_alpha() -> None:
+    """Envs 2 and 3 incubate the same seed, which the host's pass goes through: they
+    train with the plain envs 0 and 1 (env 2 is the template: it runs their incubation
+    pass). Env 10 incubates another seed: alone."""
     envs = cnn_envs()
     groups, alone = stack_groups(envs)
-    assert groups == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+    assert groups == [[0, 1, 2, 3], [4, 5], [6, 7], [8, 9]]
     assert alone == [10]
     alphas = [envs[i].model.slot("stage1").alpha for i in (4, 5)]
     assert alphas[0] != alphas[1]
@@ -185,7 +194,7 @@ def envs_with_idle_seeds() -> list[GrowingHost]:
 
 def test_a_seed_just_planted_does_not_keep_its_env_from_the_envs_with_an_empty_slot() -> None:
     envs = envs_with_idle_seeds()
-    assert stack_groups(envs) == ([[0, 3], [1, 2]], [])
+    assert stack_groups(envs) == ([[0, 1, 2, 3]], [])
     idle = [copy.deepcopy(envs[i].model.slot("stage0").seed) for i in (0, 2)]
     _, stacked = run_both(envs_with_idle_seeds, image_loaders(n_train=64, batch=16))
     for i, before in zip((0, 2), idle, strict=True):
@@ -290,22 +299,83 @@ def test_a_group_no_member_of_which_has_every_gate_is_refused() -> None:
 
 def test_gates_split_a_key_group_where_they_differ_or_no_member_has_them_all() -> None:
     a, b = ((4,), "lr 0.1, no buffer"), ((4,), "lr 0.1, a buffer")
-    split = stacked_module._split_by_gates
+    split = stacked_module._split_by_optional
     assert split([0, 1, 2], [{}, {"g1": a}, {}]) == [[0, 1, 2]]
     assert split([0, 1, 2], [{"g1": a}, {"g1": b}, {}]) == [[0, 2], [1]]
     assert split([0, 1, 2], [{"g1": a}, {"g2": a}, {"g1": a, "g2": a}]) == [[0, 2], [1]]
 
 
+def envs_with_incubating_seeds() -> list[GrowingHost]:
+    """Seeds in TRAINING, which the host's pass goes through: envs 0 and 4 plain; 1 a
+    conv_light seed in stage1; 2 and 7 the same, gated; 3 a depthwise seed there; 5 and 8 a
+    conv_light seed in stage0; 6 conv_light seeds in both slots."""
+    torch.manual_seed(0)
+    plan = [
+        [],
+        [("stage1", "conv_light", BlendMode.LINEAR)],
+        [("stage1", "conv_light", BlendMode.GATED)],
+        [("stage1", "depthwise", BlendMode.LINEAR)],
+        [],
+        [("stage0", "conv_light", BlendMode.LINEAR)],
+        [("stage0", "conv_light", BlendMode.LINEAR), ("stage1", "conv_light", BlendMode.LINEAR)],
+        [("stage1", "conv_light", BlendMode.GATED)],
+        [("stage0", "conv_light", BlendMode.LINEAR)],
+    ]
+    made = [GrowingHost(CNNHost(channels=(8, 16), lifecycle=FAST)) for _ in plan]
+    for env, seeds in zip(made, plan, strict=True):
+        for slot_id, blueprint, mode in seeds:
+            env.germinate(slot_id, blueprint, mode)
+            to_stage(env, slot_id, SeedStage.TRAINING)
+    return made
+
+
+def test_envs_incubating_the_same_seeds_group_with_plain_envs_and_no_others() -> None:
+    """A member's incubation pass runs the group's seeds in TRAINING in every slot, so
+    members that have any must have the same ones (a gate among them); plain envs join."""
+    groups, alone = stack_groups(envs_with_incubating_seeds())
+    assert groups == [[0, 1, 4], [2, 7], [5, 8]]
+    assert alone == [3, 6]
+
+
+def test_stacked_epochs_with_incubating_and_plain_envs_equal_the_per_env_path() -> None:
+    """Two epochs: in the second, the incubating seeds have momentum, the rows of the
+    plain members do not; the plain members end with no seed and no seed state."""
+    _, stacked = run_both(envs_with_incubating_seeds, image_loaders(n_train=132, batch=44))
+    for i in (0, 4):
+        assert not stacked[i].seed_optimizers
+        assert not any(".seed." in name for name, _ in stacked[i].model.named_parameters())
+
+
+def test_a_plain_member_of_an_incubating_group_keeps_its_own_flags() -> None:
+    """The template (env 1, listed second) incubates; a non-finite input to the plain env
+    0 makes its loss non-finite, and the seed rows it ran in the incubation pass, which
+    are not its own, flag nothing of either env's."""
+    envs = envs_with_incubating_seeds()
+    pair = [envs[0], envs[1]]
+    for env in pair:
+        env.model.train()
+    accs = accumulators(pair)
+    group = StackedGroup(pair, accs)
+    assert group.template is envs[1].model
+    x, y = torch.randn(2, 5, 1, 8, 8), torch.randint(0, 10, (2, 5))
+    x[0, 0, 0, 0, 0] = float("inf")
+    with torch.enable_grad():
+        group.step(x, y)
+    group.write_back()
+    assert accs[0].seed_grads_finite().tolist() == [True, True]
+    assert accs[1].seed_grads_finite().tolist() == [True, True]
+    assert not bool(accs[0].loss_finite) and bool(accs[1].loss_finite)
+
+
 def test_groups_of_envs_apart_train_on_their_own_shares(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Envs 0 and 2 plain, 1 and 3 with a seed: each group gathers its members' rows."""
+    """Envs 0 and 2 plain, 1 and 3 blending a seed: each group gathers its members' rows."""
     steps = count_stacked_steps(monkeypatch)
 
     def envs() -> list[GrowingHost]:
-        made = cnn_envs()[:4]
-        made[1], made[2] = made[2], made[1]
-        return made
+        made = cnn_envs()
+        return [made[0], made[4], made[1], made[5]]
 
     assert stack_groups(envs()) == ([[0, 2], [1, 3]], [])
     run_both(envs, image_loaders(n_train=64, batch=16))
@@ -320,10 +390,10 @@ def test_a_batch_whose_shares_differ_in_size_trains_alone_and_agrees(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """44 samples over 11 envs split evenly, 40 do not: envs 0-6 get 4, envs 7-10 get 3,
-    so the group of envs 6 and 7 trains that batch env by env, the others stacked."""
+    so the group of envs 6 and 7 trains that batch env by env, the other three stacked."""
     steps = count_stacked_steps(monkeypatch)
     _, stacked = run_both(cnn_envs, image_loaders(n_train=84, batch=44), epochs=1)
-    assert len(steps) == 5 + 4
+    assert len(steps) == 4 + 3
     assert all(env.probe is not None and env.probe[0].shape[0] == 3 for env in stacked[7:])
 
 
@@ -349,7 +419,7 @@ def test_a_group_out_of_memory_finishes_the_epoch_env_by_env(
         real_step(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(StackedGroup, "step", step_that_runs_out_once)
-    run_both(lambda: cnn_envs()[:4], image_loaders(n_train=64, batch=16), epochs=1)
+    run_both(two_pairs, image_loaders(n_train=64, batch=16), epochs=1)
     # 4 batches, 2 groups: the second stops stacking at its first; the first goes on.
     assert calls["n"] == 4 + 1
 
@@ -370,7 +440,7 @@ def test_a_group_out_of_memory_after_its_forward_retrains_the_batch_as_if_never_
         real_sgd_step(optimizers)  # type: ignore[arg-type]
 
     monkeypatch.setattr(stacked_module, "sgd_step", sgd_step_that_runs_out_once)
-    run_both(lambda: cnn_envs()[:4], image_loaders(n_train=64, batch=16), epochs=1)
+    run_both(two_pairs, image_loaders(n_train=64, batch=16), epochs=1)
     assert calls["n"] == 4 + 1 + 1  # group 2: 4 batches; group 1: 1 done, 1 failed
 
 
@@ -435,8 +505,8 @@ def test_engine_settings_that_cannot_run_are_refused_by_name(
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize(
     "make",
-    [cnn_envs, envs_with_idle_seeds, envs_with_and_without_gates],
-    ids=["every-stage", "idle-seeds", "gates"],
+    [cnn_envs, envs_with_idle_seeds, envs_with_and_without_gates, envs_with_incubating_seeds],
+    ids=["every-stage", "idle-seeds", "gates", "incubating"],
 )
 def test_stacked_epochs_on_cuda_agree_with_the_per_env_path(
     make: Callable[[], list[GrowingHost]],

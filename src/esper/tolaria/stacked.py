@@ -9,7 +9,9 @@ mapped over it with ``torch.func.vmap`` (one grouped kernel where the per-env pa
 launched one per env), one backward, one SGD step over the stacked tensors. A seed just
 planted counts as no seed: no pass of the step runs it. A gate that some members' seeds
 have and others' lack is run for all of them, at a logit of +inf (a factor of exactly 1)
-on the rows of those that lack it.
+on the rows of those that lack it. Seeds in TRAINING, which the host's pass goes
+through, are run by the incubation pass for every member, on rows of zeros for the
+members that have none (they keep nothing of it); members that have some have the same.
 
 A group is formed at the start of an epoch and written back into its envs at the end,
 before validation: lifecycle ops, rollback, checkpoints and the counterfactual pass run
@@ -60,9 +62,10 @@ def stack_key(env: GrowingHost) -> Hashable:
     it has a momentum buffer yet. Alpha is not in it: it is a buffer, stacked like the
     others, so envs blending at different points of their ramps, or by different blend
     modes, share a group. Nor is a seed that the step leaves alone (:data:`IDLE_STAGES`):
-    an env that has just planted one trains with the envs whose slot is empty. Nor is a
-    gate on a seed whose output it multiplies (:data:`GATE_STAGES`): envs with and without
-    one share a group where :func:`stack_groups` finds them compatible.
+    an env that has just planted one trains with the envs whose slot is empty. Nor are
+    the tensors that members of a group need not all have (:func:`optional_tensors`: a
+    seed's gate, a seed in TRAINING): envs with and without them share a group where
+    :func:`stack_groups` finds them compatible.
     """
     model = env.model
     settings = _optimizer_settings(env)
@@ -94,8 +97,9 @@ _NO_GATE_LOGIT = float("inf")
 def trained_tensors(model: HostModel) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """The parameters and buffers, by name, that a training step of ``model`` uses and a
     group's members all have: all but those of seeds (and their gates) in
-    :data:`IDLE_STAGES`, and the gates of :func:`gate_tensors`."""
-    left_out: set[int] = {id(p) for p in gate_tensors(model).values()}
+    :data:`IDLE_STAGES`, and those of :func:`optional_tensors`."""
+    optional_params, optional_buffers = optional_tensors(model)
+    left_out = {id(t) for t in (*optional_params.values(), *optional_buffers.values())}
     for slot in model.iter_slots():
         if slot.seed is not None and slot.stage in IDLE_STAGES:
             for module in (slot.seed, slot.gate):
@@ -105,6 +109,26 @@ def trained_tensors(model: HostModel) -> tuple[dict[str, Tensor], dict[str, Tens
     params = {name: p for name, p in model.named_parameters() if id(p) not in left_out}
     buffers = {name: b for name, b in model.named_buffers() if id(b) not in left_out}
     return params, buffers
+
+
+def optional_tensors(model: HostModel) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """The parameters and buffers, by name, that a group's members need not all have: the
+    gates of :func:`gate_tensors` (a member without one runs the template's as 1), and
+    the seeds in TRAINING with their gates. The host's pass goes through a seed in
+    TRAINING; only the incubation pass runs it, for every member of the group, and a
+    member without the group's seeds there (it has none in TRAINING: :func:`stack_groups`)
+    computes a seed loss on rows of zeros that train nothing it keeps."""
+    params = {id(p) for p in gate_tensors(model).values()}
+    buffers: set[int] = set()
+    for slot in incubating_slots(model):
+        for module in (slot.seed, slot.gate):
+            if module is not None:
+                params.update(id(p) for p in module.parameters())
+                buffers.update(id(b) for b in module.buffers())
+    return (
+        {name: p for name, p in model.named_parameters() if id(p) in params},
+        {name: b for name, b in model.named_buffers() if id(b) in buffers},
+    )
 
 
 def gate_tensors(model: HostModel) -> dict[str, Tensor]:
@@ -122,8 +146,6 @@ def gate_tensors(model: HostModel) -> dict[str, Tensor]:
 #: What a slot's stage makes its forward do with a seed (``SeedSlot.forward``): pass the
 #: host through, add the seed on a detached input at alpha, or add it as part of the host.
 _FORWARD_BY_STAGE = {
-    SeedStage.GERMINATED: "through",
-    SeedStage.TRAINING: "through, incubates",
     SeedStage.BLENDING: "blends",
     SeedStage.HOLDING: "blends",
     SeedStage.FOSSILIZED: "part of the host",
@@ -131,12 +153,12 @@ _FORWARD_BY_STAGE = {
 
 
 def _slot_key(slot: SeedSlot) -> Hashable:
-    """What steers a slot's forward in Python: nothing without a seed or with an idle one
-    (an empty slot, a merged widening and a seed in :data:`IDLE_STAGES` pass ``h`` on);
-    else the seed's module type and blueprint, what its stage makes the forward do, and,
-    outside :data:`GATE_STAGES` (where a group runs a missing gate as 1), whether it has a
-    gate."""
-    if slot.seed is None or slot.stage in IDLE_STAGES:
+    """What steers a slot's forward in Python: nothing where the host's pass goes through
+    it (an empty slot, a merged widening, a seed in :data:`IDLE_STAGES` or in TRAINING, which
+    :func:`_optional_signature` covers); else the seed's module type and blueprint, what
+    its stage makes the forward do, and, outside :data:`GATE_STAGES` (where a group runs a
+    missing gate as 1), whether it has a gate."""
+    if slot.seed is None or slot.stage in IDLE_STAGES or slot.stage is SeedStage.TRAINING:
         return (slot.slot_id,)
     gated = None if slot.stage in GATE_STAGES else slot.gate is not None
     return (
@@ -157,27 +179,51 @@ def stack_groups(envs: Sequence[GrowingHost]) -> tuple[list[list[int]], list[int
     groups = [
         part
         for members in by_key.values()
-        for part in _split_by_gates(members, [_gate_signature(envs[i]) for i in members])
+        for part in _split_by_optional(members, [_optional_signature(envs[i]) for i in members])
         if len(part) >= MIN_GROUP
     ]
     grouped = {i for members in groups for i in members}
     return groups, [i for i in range(len(envs)) if i not in grouped]
 
 
-def _gate_signature(env: GrowingHost) -> dict[str, Hashable]:
-    """Per gate of :func:`gate_tensors`, by name: its shape, dtype and optimizer settings
-    (with whether it has a momentum buffer yet): what members that have it must share."""
+#: The entry of :func:`_optional_signature` for an env's seeds in TRAINING, all together.
+INCUBATING = "seeds in TRAINING"
+
+
+def _optional_signature(env: GrowingHost) -> dict[str, Hashable]:
+    """What members of a group that have an optional tensor must share: per gate of
+    :func:`gate_tensors`, by name, its shape, dtype and optimizer settings (with whether it
+    has a momentum buffer yet); and under :data:`INCUBATING`, where the env has seeds in
+    TRAINING, all of them (slots, seed types and blueprints, gates, their tensors the same
+    way), since a member's incubation pass runs the group's seeds in every slot."""
     settings = _optimizer_settings(env)
-    return {
-        name: (tuple(p.shape), p.dtype, p.requires_grad, settings.get(id(p)))
-        for name, p in gate_tensors(env.model).items()
-    }
+
+    def param(p: Tensor) -> Hashable:
+        return (tuple(p.shape), p.dtype, p.requires_grad, settings.get(id(p)))
+
+    signature: dict[str, Hashable] = {name: param(p) for name, p in gate_tensors(env.model).items()}
+    incubating = incubating_slots(env.model)
+    if incubating:
+        gates = gate_tensors(env.model)
+        params, buffers = optional_tensors(env.model)
+        signature[INCUBATING] = (
+            tuple(
+                (slot.slot_id, type(slot.seed), slot.lifecycle.blueprint, slot.gate is not None)
+                for slot in incubating
+            ),
+            tuple((name, param(p)) for name, p in params.items() if name not in gates),
+            tuple((name, tuple(b.shape), b.dtype) for name, b in buffers.items()),
+        )
+    return signature
 
 
-def _split_by_gates(members: list[int], signatures: list[dict[str, Hashable]]) -> list[list[int]]:
+def _split_by_optional(
+    members: list[int], signatures: list[dict[str, Hashable]]
+) -> list[list[int]]:
     """Envs of one :func:`stack_key` in parts that can train as one: in a part, the members
-    that have a gate agree on it, and one member has every gate any member has (the
-    group's template: its forward runs them all). Greedy, in env order."""
+    that have an entry of :func:`_optional_signature` agree on it, and one member has
+    every entry any member has (the group's template: its forward runs them all). Greedy,
+    in env order."""
     parts: list[tuple[list[int], list[dict[str, Hashable]]]] = []
     for i, mine in zip(members, signatures, strict=True):
         for indices, theirs in parts:
@@ -228,28 +274,36 @@ class StackedGroup:
             )
         self.envs = list(envs)
         self.accs = list(accs)
-        gates = [gate_tensors(env.model) for env in self.envs]
-        every_gate = {name for mine in gates for name in mine}
-        #: The member whose model runs every member's forward: one with every gate.
-        self._lead = next((g for g, mine in enumerate(gates) if every_gate <= mine.keys()), -1)
+        signatures = [_optional_signature(env) for env in self.envs]
+        every = {name for signature in signatures for name in signature}
+        #: The member whose model runs every member's forward: one with every gate and
+        #: seed in TRAINING that any member has.
+        self._lead = next((g for g, sig in enumerate(signatures) if every <= sig.keys()), -1)
         if self._lead < 0:
             raise ValueError(
-                "no member of this group has every gate its members have; group envs with "
-                "stack_groups, which keeps such envs apart"
+                "no member of this group has every gate and seed in TRAINING its members "
+                "have; group envs with stack_groups, which keeps such envs apart"
             )
         leader = self.envs[self._lead]
         self.template = leader.model
         names = {id(p): name for name, p in self.template.named_parameters()}
         #: Per env, the parameters and buffers its step uses, by name: the same names for
-        #: every member, but for the gates it lacks (an idle seed's are left out, and with
-        #: them the template's, whose own tensors ``functional_call`` keeps but the
-        #: forward does not run).
+        #: every member, but for the optional ones it lacks (an idle seed's are left out,
+        #: and with them the template's, whose own tensors ``functional_call`` keeps but
+        #: the forward does not run).
         trained = [trained_tensors(env.model) for env in self.envs]
-        self._params = [params | mine for (params, _), mine in zip(trained, gates, strict=True)]
-        self._buffers = [buffers for _, buffers in trained]
-        #: The gates some member lacks, in the template's order.
+        optional = [optional_tensors(env.model) for env in self.envs]
+        self._params = [t[0] | o[0] for t, o in zip(trained, optional, strict=True)]
+        self._buffers = [t[1] | o[1] for t, o in zip(trained, optional, strict=True)]
+        #: The names some member lacks: their rows are zeros there, never written back.
+        names_of = [
+            params.keys() | buffers.keys()
+            for params, buffers in zip(self._params, self._buffers, strict=True)
+        ]
+        self._optional = set.union(*names_of) - set.intersection(*names_of)
+        #: The gates some member lacks, in the template's order: run as 1 on its row.
         self._partial_gates = [
-            name for name in gates[self._lead] if not all(name in mine for mine in gates)
+            name for name in gate_tensors(self.envs[self._lead].model) if name in self._optional
         ]
         settings = _optimizer_settings(leader)
         #: Parameter names by (lr, momentum, weight decay): one SGD group each.
@@ -394,8 +448,10 @@ class StackedGroup:
                 for name, p in lead.items()
             }
             buffers = {
-                name: torch.stack([mine[name] for mine in self._buffers])
-                for name in self._buffers[0]
+                name: torch.stack(
+                    [mine[name] if name in mine else torch.zeros_like(b) for mine in self._buffers]
+                )
+                for name, b in self._buffers[self._lead].items()
             }
         optimizers = []
         for (lr, momentum, decay), names in self._sgd_groups.items():
@@ -411,7 +467,7 @@ class StackedGroup:
                 had = next((b for b in buffers_of if b is not None), None)
                 if had is not None:
                     missing = [g for g, b in enumerate(buffers_of) if b is None]
-                    if name not in self._partial_gates and missing:
+                    if name not in self._optional and missing:
                         raise RuntimeError(
                             f"members {missing} have no momentum buffer for {name} and the "
                             "others have one: stack_key keeps such envs apart"
@@ -456,7 +512,12 @@ class StackedGroup:
             ]
             torch._foreach_copy_([mine for mine, _ in rows], [row for _, row in rows])
         for name, b in stacked.buffers.items():
-            torch._foreach_copy_([mine[name] for mine in self._buffers], list(b.unbind()))
+            rows = [
+                (mine[name], row)
+                for mine, row in zip(self._buffers, b.unbind(), strict=True)
+                if name in mine
+            ]
+            torch._foreach_copy_([mine for mine, _ in rows], [row for _, row in rows])
         leaves = {id(p): name for name, p in stacked.params.items()}
         for optimizer in stacked.optimizers:
             for leaf, state in optimizer.state.items():
@@ -465,7 +526,7 @@ class StackedGroup:
                     continue
                 name = leaves[id(leaf)]
                 for owners, row in zip(self._owners, buffer.unbind(), strict=True):
-                    if name not in owners:  # a gate this member lacks
+                    if name not in owners:  # an optional tensor this member lacks
                         continue
                     owner, param = owners[name]
                     mine = _momentum_of(owner, param)
@@ -522,7 +583,10 @@ def _flag_spans(
     spans = dict(acc.seed_spans)
     pairs, start = [], 0
     for s, stacked_size in zip(slots, stacked_sizes, strict=True):
-        mine = spans[s]
+        mine = spans.get(s)
+        if mine is None:  # a seed in TRAINING this member lacks
+            start += stacked_size
+            continue
         size = min(mine.stop - mine.start, stacked_size)
         pairs.append((slice(mine.start, mine.start + size), slice(start, start + size)))
         start += stacked_size
