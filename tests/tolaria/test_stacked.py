@@ -23,7 +23,7 @@ from esper.kasmina import CNNHost, GrowingHost, TransformerHost
 from esper.kasmina.sgd import MOMENTUM_BUFFER
 from esper.mdp.env_config import EnvConfig
 from esper.tolaria import stacked as stacked_module
-from esper.tolaria.accumulators import accumulators
+from esper.tolaria.accumulators import EnvAccumulator, accumulators
 from esper.tolaria.epoch import EpochResult, run_epoch
 from esper.tolaria.host_training import HostTraining
 from esper.tolaria.stacked import StackedGroup, stack_groups
@@ -178,6 +178,23 @@ def test_a_seed_just_planted_gets_no_optimizer_state_from_a_stacked_epoch() -> N
         assert not env.seed_optimizers["stage1"].state_dict()["state"]
 
 
+def one_step_with_an_inf(
+    pair: list[GrowingHost], row: int
+) -> tuple[StackedGroup, list[EnvAccumulator]]:
+    """``pair`` as a group, one step on random images with an inf in member ``row``'s,
+    written back: the group and the members' accumulators."""
+    for env in pair:
+        env.model.train()
+    accs = accumulators(pair)
+    group = StackedGroup(pair, accs)
+    x, y = torch.randn(2, 5, 1, 8, 8), torch.randint(0, 10, (2, 5))
+    x[row, 0, 0, 0, 0] = float("inf")
+    with torch.enable_grad():
+        group.step(x, y)
+    group.write_back()
+    return group, accs
+
+
 def envs_with_idle_seeds() -> list[GrowingHost]:
     """Envs 0 and 2 have just planted a seed in stage0 (GERMINATED: the step leaves it
     alone), env 2's a gated widening; envs 0 and 3 incubate a seed in stage1 (TRAINING);
@@ -210,16 +227,7 @@ def test_an_idle_seed_keeps_its_place_in_its_envs_seed_gradient_flags() -> None:
     seed's; env 3 lists only stage1's. A non-finite gradient in env 0's incubating seed
     lands on env 0's stage1 flags alone."""
     envs = envs_with_idle_seeds()
-    pair = [envs[0], envs[3]]
-    for env in pair:
-        env.model.train()
-    accs = accumulators(pair)
-    group = StackedGroup(pair, accs)
-    x, y = torch.randn(2, 5, 1, 8, 8), torch.randint(0, 10, (2, 5))
-    x[0, 0, 0, 0, 0] = float("inf")
-    with torch.enable_grad():
-        group.step(x, y)
-    group.write_back()
+    _, accs = one_step_with_an_inf([envs[0], envs[3]], row=0)
     assert accs[0].seed_grads_finite().tolist() == [True, False]
     assert accs[1].seed_grads_finite().tolist() == [True, True]
 
@@ -276,17 +284,8 @@ def test_a_member_without_a_gate_runs_the_templates_gate_as_one() -> None:
     """Env 1 (gated) is the group's template though listed second; a non-finite gradient
     in its seed lands on its own flags, not on env 0's."""
     envs = envs_with_and_without_gates()
-    pair = [envs[0], envs[1]]
-    for env in pair:
-        env.model.train()
-    accs = accumulators(pair)
-    group = StackedGroup(pair, accs)
+    group, accs = one_step_with_an_inf([envs[0], envs[1]], row=1)
     assert group.template is envs[1].model
-    x, y = torch.randn(2, 5, 1, 8, 8), torch.randint(0, 10, (2, 5))
-    x[1, 0, 0, 0, 0] = float("inf")
-    with torch.enable_grad():
-        group.step(x, y)
-    group.write_back()
     assert accs[0].seed_grads_finite().tolist() == [True, True]
     assert accs[1].seed_grads_finite().tolist() == [True, False]
 
@@ -351,17 +350,8 @@ def test_a_plain_member_of_an_incubating_group_keeps_its_own_flags() -> None:
     0 makes its loss non-finite, and the seed rows it ran in the incubation pass, which
     are not its own, flag nothing of either env's."""
     envs = envs_with_incubating_seeds()
-    pair = [envs[0], envs[1]]
-    for env in pair:
-        env.model.train()
-    accs = accumulators(pair)
-    group = StackedGroup(pair, accs)
+    group, accs = one_step_with_an_inf([envs[0], envs[1]], row=0)
     assert group.template is envs[1].model
-    x, y = torch.randn(2, 5, 1, 8, 8), torch.randint(0, 10, (2, 5))
-    x[0, 0, 0, 0, 0] = float("inf")
-    with torch.enable_grad():
-        group.step(x, y)
-    group.write_back()
     assert accs[0].seed_grads_finite().tolist() == [True, True]
     assert accs[1].seed_grads_finite().tolist() == [True, True]
     assert not bool(accs[0].loss_finite) and bool(accs[1].loss_finite)
