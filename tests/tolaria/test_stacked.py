@@ -330,9 +330,10 @@ def envs_with_incubating_seeds() -> list[GrowingHost]:
 
 def test_envs_incubating_the_same_seeds_group_with_plain_envs_and_no_others() -> None:
     """A member's incubation pass runs the group's seeds in TRAINING in every slot, so
-    members that have any must have the same ones (a gate among them); plain envs join."""
+    members that have any must have the same ones (a gate, which no pass in TRAINING
+    runs, does not count); plain envs join."""
     groups, alone = stack_groups(envs_with_incubating_seeds())
-    assert groups == [[0, 1, 4], [2, 7], [5, 8]]
+    assert groups == [[0, 1, 2, 4, 7], [5, 8]]
     assert alone == [3, 6]
 
 

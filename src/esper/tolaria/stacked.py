@@ -96,16 +96,21 @@ _NO_GATE_LOGIT = float("inf")
 
 def trained_tensors(model: HostModel) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """The parameters and buffers, by name, that a training step of ``model`` uses and a
-    group's members all have: all but those of seeds (and their gates) in
-    :data:`IDLE_STAGES`, and those of :func:`optional_tensors`."""
+    group's members all have: all but those no pass of the step runs (seeds and their
+    gates in :data:`IDLE_STAGES`; the gate of a seed in TRAINING, which its incubation
+    runs at full strength, ungated) and those of :func:`optional_tensors`."""
     optional_params, optional_buffers = optional_tensors(model)
     left_out = {id(t) for t in (*optional_params.values(), *optional_buffers.values())}
     for slot in model.iter_slots():
-        if slot.seed is not None and slot.stage in IDLE_STAGES:
-            for module in (slot.seed, slot.gate):
-                if module is not None:
-                    left_out.update(id(t) for t in module.parameters())
-                    left_out.update(id(t) for t in module.buffers())
+        if slot.seed is None:
+            continue
+        idle = (slot.seed, slot.gate) if slot.stage in IDLE_STAGES else ()
+        if slot.stage is SeedStage.TRAINING:
+            idle = (slot.gate,)
+        for module in idle:
+            if module is not None:
+                left_out.update(id(t) for t in module.parameters())
+                left_out.update(id(t) for t in module.buffers())
     params = {name: p for name, p in model.named_parameters() if id(p) not in left_out}
     buffers = {name: b for name, b in model.named_buffers() if id(b) not in left_out}
     return params, buffers
@@ -114,17 +119,17 @@ def trained_tensors(model: HostModel) -> tuple[dict[str, Tensor], dict[str, Tens
 def optional_tensors(model: HostModel) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """The parameters and buffers, by name, that a group's members need not all have: the
     gates of :func:`gate_tensors` (a member without one runs the template's as 1), and
-    the seeds in TRAINING with their gates. The host's pass goes through a seed in
-    TRAINING; only the incubation pass runs it, for every member of the group, and a
-    member without the group's seeds there (it has none in TRAINING: :func:`stack_groups`)
-    computes a seed loss on rows of zeros that train nothing it keeps."""
+    the seeds in TRAINING (not their gates: no pass runs those). The host's pass goes
+    through a seed in TRAINING; only the incubation pass runs it, for every member of the
+    group, and a member without the group's seeds there (it has none in TRAINING:
+    :func:`stack_groups`) computes a seed loss on rows of zeros that train nothing it
+    keeps."""
     params = {id(p) for p in gate_tensors(model).values()}
     buffers: set[int] = set()
     for slot in incubating_slots(model):
-        for module in (slot.seed, slot.gate):
-            if module is not None:
-                params.update(id(p) for p in module.parameters())
-                buffers.update(id(b) for b in module.buffers())
+        assert slot.seed is not None  # incubating_slots lists seeded slots
+        params.update(id(p) for p in slot.seed.parameters())
+        buffers.update(id(b) for b in slot.seed.buffers())
     return (
         {name: p for name, p in model.named_parameters() if id(p) in params},
         {name: b for name, b in model.named_buffers() if id(b) in buffers},
@@ -194,8 +199,8 @@ def _optional_signature(env: GrowingHost) -> dict[str, Hashable]:
     """What members of a group that have an optional tensor must share: per gate of
     :func:`gate_tensors`, by name, its shape, dtype and optimizer settings (with whether it
     has a momentum buffer yet); and under :data:`INCUBATING`, where the env has seeds in
-    TRAINING, all of them (slots, seed types and blueprints, gates, their tensors the same
-    way), since a member's incubation pass runs the group's seeds in every slot."""
+    TRAINING, all of them (slots, seed types and blueprints, their tensors the same way),
+    since a member's incubation pass runs the group's seeds in every slot."""
     settings = _optimizer_settings(env)
 
     def param(p: Tensor) -> Hashable:
@@ -207,10 +212,7 @@ def _optional_signature(env: GrowingHost) -> dict[str, Hashable]:
         gates = gate_tensors(env.model)
         params, buffers = optional_tensors(env.model)
         signature[INCUBATING] = (
-            tuple(
-                (slot.slot_id, type(slot.seed), slot.lifecycle.blueprint, slot.gate is not None)
-                for slot in incubating
-            ),
+            tuple((slot.slot_id, type(slot.seed), slot.lifecycle.blueprint) for slot in incubating),
             tuple((name, param(p)) for name, p in params.items() if name not in gates),
             tuple((name, tuple(b.shape), b.dtype) for name, b in buffers.items()),
         )
