@@ -23,10 +23,11 @@ back first), and a group that ran out of memory (its envs finish the epoch alone
 Results equal the per-env path's up to float rounding: the elementwise work (SGD, batch
 norm statistics, the blend) is the same arithmetic, while a stacked convolution or matrix
 product sums in another order. ``tests/tolaria/test_stacked.py`` states and checks the
-tolerance. A stacked forward runs the group's first host as the template with the
-group's tensors swapped in (``torch.func.functional_call``), so everything that steers
-the forward in Python (seed types and blueprints, what a stage does, gates) is part of
-the group's key.
+tolerance. A stacked forward runs one member's host as the template with the group's
+tensors swapped in (``torch.func.functional_call``), so everything that steers the
+forward in Python (seed types and blueprints, what a stage does) is part of the group's
+key, and the template is a member that has every gate and seed in TRAINING any member
+has.
 """
 
 from __future__ import annotations
