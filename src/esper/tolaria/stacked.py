@@ -105,9 +105,12 @@ def trained_tensors(model: HostModel) -> tuple[dict[str, Tensor], dict[str, Tens
     for slot in model.iter_slots():
         if slot.seed is None:
             continue
-        idle = (slot.seed, slot.gate) if slot.stage in IDLE_STAGES else ()
-        if slot.stage is SeedStage.TRAINING:
+        if slot.stage in IDLE_STAGES:
+            idle = (slot.seed, slot.gate)
+        elif slot.stage is SeedStage.TRAINING:
             idle = (slot.gate,)
+        else:
+            continue
         for module in idle:
             if module is not None:
                 left_out.update(id(t) for t in module.parameters())
@@ -207,10 +210,10 @@ def _optional_signature(env: GrowingHost) -> dict[str, Hashable]:
     def param(p: Tensor) -> Hashable:
         return (tuple(p.shape), p.dtype, p.requires_grad, settings.get(id(p)))
 
-    signature: dict[str, Hashable] = {name: param(p) for name, p in gate_tensors(env.model).items()}
+    gates = gate_tensors(env.model)
+    signature: dict[str, Hashable] = {name: param(p) for name, p in gates.items()}
     incubating = incubating_slots(env.model)
     if incubating:
-        gates = gate_tensors(env.model)
         params, buffers = optional_tensors(env.model)
         signature[INCUBATING] = (
             tuple((slot.slot_id, type(slot.seed), slot.lifecycle.blueprint) for slot in incubating),
@@ -306,7 +309,7 @@ class StackedGroup:
         self._optional = set.union(*names_of) - set.intersection(*names_of)
         #: The gates some member lacks, in the template's order: run as 1 on its row.
         self._partial_gates = [
-            name for name in gate_tensors(self.envs[self._lead].model) if name in self._optional
+            name for name in gate_tensors(self.template) if name in self._optional
         ]
         settings = _optimizer_settings(leader)
         #: Parameter names by (lr, momentum, weight decay): one SGD group each.
