@@ -178,6 +178,24 @@ def test_a_seed_just_planted_gets_no_optimizer_state_from_a_stacked_epoch() -> N
         assert not env.seed_optimizers["stage1"].state_dict()["state"]
 
 
+def test_a_seed_just_planted_where_the_template_incubates_one_gets_no_state() -> None:
+    """Env 0 has just planted the seed env 1 incubates, in the same slot: its idle seed's
+    parameters bear the names of the group's incubating rows, which must not leave it a
+    momentum buffer (the per-env path gives it none)."""
+
+    def envs() -> list[GrowingHost]:
+        torch.manual_seed(0)
+        made = [GrowingHost(CNNHost(channels=(8, 16), lifecycle=FAST)) for _ in range(2)]
+        for env in made:
+            env.germinate("stage1", "conv_light", BlendMode.LINEAR)
+        to_stage(made[1], "stage1", SeedStage.TRAINING)
+        return made
+
+    assert stack_groups(envs()) == ([[0, 1]], [])
+    _, stacked = run_both(envs, image_loaders(n_train=64, batch=16), epochs=1)
+    assert not stacked[0].seed_optimizers["stage1"].state_dict()["state"]
+
+
 def one_step_with_an_inf(
     pair: list[GrowingHost], row: int
 ) -> tuple[StackedGroup, list[EnvAccumulator]]:

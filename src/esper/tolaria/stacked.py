@@ -318,9 +318,13 @@ class StackedGroup:
             if id(p) in settings:
                 lr, momentum, decay, _ = settings[id(p)]
                 self._sgd_groups.setdefault((lr, momentum, decay), []).append(name)
-        #: Per member, each parameter's optimizer and the parameter, by name: where its
-        #: momentum buffer lives.
-        self._owners = [_owners_by_name(env) for env in self.envs]
+        #: Per member, each parameter its step uses, with its optimizer, by name: where
+        #: its momentum buffer lives. Only those: a member's idle seed can bear the name of
+        #: the template's incubating one, and must get no state from its row.
+        self._owners = [
+            {name: owner for name, owner in _owners_by_name(env).items() if name in params}
+            for env, params in zip(self.envs, self._params, strict=True)
+        ]
         #: The slots whose seed the step trains: each member's own optimizer holds them.
         trained_slots = [
             s
