@@ -64,9 +64,10 @@ def cnn_envs() -> list[GrowingHost]:
 
 
 def two_pairs() -> list[GrowingHost]:
-    """Two groups of two: plain envs, and envs blending a gated widening."""
+    """Two groups of two: envs blending a gated widening in stage1, and envs holding a
+    depthwise seed there."""
     made = cnn_envs()
-    return [made[0], made[1], made[4], made[5]]
+    return made[4:8]
 
 
 def assert_close_results(a: EpochResult, b: EpochResult) -> None:
@@ -285,9 +286,11 @@ def envs_with_and_without_gates() -> list[GrowingHost]:
 
 
 def test_envs_with_and_without_a_gate_group_where_one_member_has_every_gate() -> None:
+    """Env 10 blends the seeds of envs 0-2 and one more: it runs their group. Env 9 would
+    need a member with both its gate and env 10's."""
     groups, alone = stack_groups(envs_with_and_without_gates())
-    assert groups == [[0, 1, 2], [3, 4], [5, 6], [7, 8]]
-    assert alone == [9, 10]  # neither has both gates: no member could run the group
+    assert groups == [[0, 1, 2, 10], [3, 4], [7, 8], [5, 6]]
+    assert alone == [9]
 
 
 def test_stacked_epochs_with_and_without_gates_equal_the_per_env_path() -> None:
@@ -320,6 +323,73 @@ def test_gates_split_a_key_group_where_they_differ_or_no_member_has_them_all() -
     assert split([0, 1, 2], [{}, {"g1": a}, {}]) == [[0, 1, 2]]
     assert split([0, 1, 2], [{"g1": a}, {"g1": b}, {}]) == [[0, 2], [1]]
     assert split([0, 1, 2], [{"g1": a}, {"g2": a}, {"g1": a, "g2": a}]) == [[0, 2], [1]]
+
+
+def envs_with_seeds_blending_in() -> list[GrowingHost]:
+    """Seeds blending in (BLENDING, HOLDING), added at alpha on a detached input: env 0
+    plain; 1 a conv_light seed in stage0; 2 the same and a gated widening in stage1; 3 a
+    widening in stage1, holding; 4 and 5 a depthwise seed in stage0; 6 a widening
+    incubating in stage1."""
+    torch.manual_seed(0)
+    plan = [
+        [],
+        [("stage0", "conv_light", BlendMode.LINEAR, SeedStage.BLENDING)],
+        [
+            ("stage0", "conv_light", BlendMode.LINEAR, SeedStage.BLENDING),
+            ("stage1", "widen", BlendMode.GATED, SeedStage.BLENDING),
+        ],
+        [("stage1", "widen", BlendMode.LINEAR, SeedStage.HOLDING)],
+        [("stage0", "depthwise", BlendMode.LINEAR, SeedStage.BLENDING)],
+        [("stage0", "depthwise", BlendMode.SIGMOID, SeedStage.HOLDING)],
+        [("stage1", "widen", BlendMode.LINEAR, SeedStage.TRAINING)],
+    ]
+    made = [GrowingHost(CNNHost(channels=(8, 16), lifecycle=FAST)) for _ in plan]
+    for env, seeds in zip(made, plan, strict=True):
+        for slot_id, blueprint, mode, stage in seeds:
+            env.germinate(slot_id, blueprint, mode)
+            to_stage(env, slot_id, stage)
+    return made
+
+
+def test_envs_with_seeds_blending_in_at_other_slots_group_under_one_that_has_them_all() -> None:
+    """Env 2 has every seed of envs 0-3, which agree where they have one; a seed of
+    another blueprint in a slot (4, 5), or one incubating where others blend (6), splits."""
+    assert stack_groups(envs_with_seeds_blending_in()) == ([[0, 1, 2, 3], [4, 5]], [6])
+
+
+def test_stacked_epochs_with_seeds_blending_in_at_other_slots_equal_the_per_env_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two epochs: the members without a seed run the template's at alpha 0, so their
+    hosts train as alone and they end with no seed and no seed state."""
+    steps = count_stacked_steps(monkeypatch)
+    _, stacked = run_both(envs_with_seeds_blending_in, image_loaders(n_train=126, batch=42))
+    assert steps == [4, 2] * 3 * 2  # both groups, 3 batches, 2 epochs
+    assert not stacked[0].seed_optimizers
+    assert list(stacked[1].seed_optimizers) == ["stage0"]
+    assert list(stacked[3].seed_optimizers) == ["stage1"]
+
+
+def test_a_seed_just_planted_where_the_template_blends_one_keeps_its_flags() -> None:
+    """Env 0 has just planted a seed in the slot where env 1 blends one in. A non-finite
+    input to env 0 makes its loss non-finite, and its rows of env 1's seed with it; its
+    own seed, which no pass ran, flags nothing."""
+
+    def envs() -> list[GrowingHost]:
+        torch.manual_seed(0)
+        made = [GrowingHost(CNNHost(channels=(8, 16), lifecycle=FAST)) for _ in range(2)]
+        for env in made:
+            env.germinate("stage1", "conv_light", BlendMode.LINEAR)
+        to_stage(made[1], "stage1", SeedStage.BLENDING)
+        return made
+
+    assert stack_groups(envs()) == ([[0, 1]], [])
+    run_both(envs, image_loaders(n_train=64, batch=16))
+    group, accs = one_step_with_an_inf(envs(), row=0)
+    assert group.template is group.envs[1].model
+    assert accs[0].seed_grads_finite().tolist() == [True, True]
+    assert accs[1].seed_grads_finite().tolist() == [True, True]
+    assert not bool(accs[0].loss_finite) and bool(accs[1].loss_finite)
 
 
 def envs_with_incubating_seeds() -> list[GrowingHost]:
@@ -379,12 +449,13 @@ def test_a_plain_member_of_an_incubating_group_keeps_its_own_flags() -> None:
 def test_groups_of_envs_apart_train_on_their_own_shares(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Envs 0 and 2 plain, 1 and 3 blending a seed: each group gathers its members' rows."""
+    """Envs 0 and 2 blend a widening in stage1, 1 and 3 hold a depthwise seed there: each
+    group gathers its members' rows."""
     steps = count_stacked_steps(monkeypatch)
 
     def envs() -> list[GrowingHost]:
         made = cnn_envs()
-        return [made[0], made[4], made[1], made[5]]
+        return [made[4], made[6], made[5], made[7]]
 
     assert stack_groups(envs()) == ([[0, 2], [1, 3]], [])
     run_both(envs, image_loaders(n_train=64, batch=16))
@@ -514,8 +585,14 @@ def test_engine_settings_that_cannot_run_are_refused_by_name(
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize(
     "make",
-    [cnn_envs, envs_with_idle_seeds, envs_with_and_without_gates, envs_with_incubating_seeds],
-    ids=["every-stage", "idle-seeds", "gates", "incubating"],
+    [
+        cnn_envs,
+        envs_with_idle_seeds,
+        envs_with_and_without_gates,
+        envs_with_incubating_seeds,
+        envs_with_seeds_blending_in,
+    ],
+    ids=["every-stage", "idle-seeds", "gates", "incubating", "blending-in"],
 )
 def test_stacked_epochs_on_cuda_agree_with_the_per_env_path(
     make: Callable[[], list[GrowingHost]],

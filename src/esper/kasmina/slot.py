@@ -78,6 +78,12 @@ class SeedSlot(nn.Module):
         return self.lifecycle.alpha
 
     @property
+    def alpha_tensor(self) -> Tensor:
+        """The device scalar the forward multiplies a blending seed's output by (a
+        non-persistent buffer, kept equal to :attr:`alpha` by every lifecycle op)."""
+        return self._alpha_t
+
+    @property
     def has_seed(self) -> bool:
         return self.seed is not None
 

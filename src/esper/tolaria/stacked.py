@@ -9,9 +9,12 @@ mapped over it with ``torch.func.vmap`` (one grouped kernel where the per-env pa
 launched one per env), one backward, one SGD step over the stacked tensors. A seed just
 planted counts as no seed: no pass of the step runs it. A gate that some members' seeds
 have and others' lack is run for all of them, at a logit of +inf (a factor of exactly 1)
-on the rows of those that lack it. Seeds in TRAINING, which the host's pass goes
-through, are run by the incubation pass for every member, on rows of zeros for the
-members that have none (they keep nothing of it); members that have some have the same.
+on the rows of those that lack it. A seed blending in (BLENDING, HOLDING) that some
+members lack is run for all of them, at an alpha of 0 on the rows of those that lack it:
+its input is detached, so their outputs and gradients are the host's alone. Seeds in
+TRAINING, which the host's pass goes through, are run by the incubation pass for every
+member, on rows of zeros for the members that have none (they keep nothing of it);
+members that have some have the same.
 
 A group is formed at the start of an epoch and written back into its envs at the end,
 before validation: lifecycle ops, rollback, checkpoints and the counterfactual pass run
@@ -26,8 +29,8 @@ product sums in another order. ``tests/tolaria/test_stacked.py`` states and chec
 tolerance. A stacked forward runs one member's host as the template with the group's
 tensors swapped in (``torch.func.functional_call``), so everything that steers the
 forward in Python (seed types and blueprints, what a stage does) is part of the group's
-key, and the template is a member that has every gate and seed in TRAINING any member
-has.
+key, and the template is a member that has every gate, seed blending in and seed in
+TRAINING any member has.
 """
 
 from __future__ import annotations
@@ -90,6 +93,11 @@ IDLE_STAGES = frozenset({SeedStage.GERMINATED})
 #: member through it, a member without one at a logit of :data:`_NO_GATE_LOGIT`.
 GATE_STAGES = frozenset({SeedStage.BLENDING, SeedStage.HOLDING, SeedStage.FOSSILIZED})
 
+#: Stages in which a slot adds its seed at alpha on a detached input (``SeedSlot.forward``):
+#: a group whose members differ in having one there runs every member through it, a
+#: member without one at an alpha of 0, which adds exactly nothing to its host.
+BLEND_STAGES = frozenset({SeedStage.BLENDING, SeedStage.HOLDING})
+
 #: A missing gate's logit in a group's forward: sigmoid(inf) is exactly 1, so the seed's
 #: output passes unchanged both ways, and the logit's own gradient, ``s * (1 - s)``, is 0.
 _NO_GATE_LOGIT = float("inf")
@@ -122,22 +130,30 @@ def trained_tensors(model: HostModel) -> tuple[dict[str, Tensor], dict[str, Tens
 
 def optional_tensors(model: HostModel) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """The parameters and buffers, by name, that a group's members need not all have: the
-    gates of :func:`gate_tensors` (a member without one runs the template's as 1), and
-    the seeds in TRAINING (not their gates: no pass runs those). The host's pass goes
-    through a seed in TRAINING; only the incubation pass runs it, for every member of the
-    group, and a member without the group's seeds there (it has none in TRAINING:
-    :func:`stack_groups`) computes a seed loss on rows of zeros that train nothing it
-    keeps."""
+    gates of :func:`gate_tensors` (a member without one runs the template's as 1), the
+    seeds blending in (:func:`blending_slots`: a member without one runs the template's
+    at alpha 0), and the seeds in TRAINING (not their gates: no pass runs those). The
+    host's pass goes through a seed in TRAINING; only the incubation pass runs it, for
+    every member of the group, and a member without the group's seeds there (it has none
+    in TRAINING: :func:`stack_groups`) computes a seed loss on rows of zeros that train
+    nothing it keeps."""
     params = {id(p) for p in gate_tensors(model).values()}
     buffers: set[int] = set()
-    for slot in incubating_slots(model):
-        assert slot.seed is not None  # incubating_slots lists seeded slots
+    for slot in (*blending_slots(model), *incubating_slots(model)):
+        assert slot.seed is not None  # both list seeded slots
         params.update(id(p) for p in slot.seed.parameters())
         buffers.update(id(b) for b in slot.seed.buffers())
     return (
         {name: p for name, p in model.named_parameters() if id(p) in params},
         {name: b for name, b in model.named_buffers() if id(b) in buffers},
     )
+
+
+def blending_slots(model: HostModel) -> list[SeedSlot]:
+    """The host's slots whose seed is in :data:`BLEND_STAGES`."""
+    return [
+        slot for slot in model.iter_slots() if slot.seed is not None and slot.stage in BLEND_STAGES
+    ]
 
 
 def gate_tensors(model: HostModel) -> dict[str, Tensor]:
@@ -152,31 +168,22 @@ def gate_tensors(model: HostModel) -> dict[str, Tensor]:
     return {name: p for name, p in model.named_parameters() if id(p) in gates}
 
 
-#: What a slot's stage makes its forward do with a seed (``SeedSlot.forward``): pass the
-#: host through, add the seed on a detached input at alpha, or add it as part of the host.
-_FORWARD_BY_STAGE = {
-    SeedStage.BLENDING: "blends",
-    SeedStage.HOLDING: "blends",
-    SeedStage.FOSSILIZED: "part of the host",
-}
+#: Stages whose seed leaves a slot's key (:func:`_slot_key`): the step does not run it, or
+#: a group runs it for the members that lack it.
+_NOT_IN_KEY = IDLE_STAGES | {SeedStage.TRAINING} | BLEND_STAGES
 
 
 def _slot_key(slot: SeedSlot) -> Hashable:
     """What steers a slot's forward in Python: nothing where the host's pass goes through
-    it (an empty slot, a merged widening, a seed in :data:`IDLE_STAGES` or in TRAINING, which
-    :func:`_optional_signature` covers); else the seed's module type and blueprint, what
-    its stage makes the forward do, and, outside :data:`GATE_STAGES` (where a group runs a
-    missing gate as 1), whether it has a gate."""
-    if slot.seed is None or slot.stage in IDLE_STAGES or slot.stage is SeedStage.TRAINING:
+    it (an empty slot, a merged widening, a seed in :data:`IDLE_STAGES`) or where a group
+    runs the seed for members that lack it (in TRAINING or :data:`BLEND_STAGES`, which
+    :func:`_optional_signature` covers); else the seed's module type and blueprint, its
+    stage, and, outside :data:`GATE_STAGES` (where a group runs a missing gate as 1),
+    whether it has a gate."""
+    if slot.seed is None or slot.stage in _NOT_IN_KEY:
         return (slot.slot_id,)
     gated = None if slot.stage in GATE_STAGES else slot.gate is not None
-    return (
-        slot.slot_id,
-        type(slot.seed),
-        slot.lifecycle.blueprint,
-        _FORWARD_BY_STAGE.get(slot.stage, slot.stage),
-        gated,
-    )
+    return (slot.slot_id, type(slot.seed), slot.lifecycle.blueprint, slot.stage, gated)
 
 
 def stack_groups(envs: Sequence[GrowingHost]) -> tuple[list[list[int]], list[int]]:
@@ -197,29 +204,42 @@ def stack_groups(envs: Sequence[GrowingHost]) -> tuple[list[list[int]], list[int
 
 #: The entry of :func:`_optional_signature` for an env's seeds in TRAINING, all together.
 INCUBATING = "seeds in TRAINING"
+#: What :func:`_optional_signature` says of a slot whose seed blends in, or incubates.
+BLENDS, INCUBATES = "blends", "incubates"
 
 
 def _optional_signature(env: GrowingHost) -> dict[str, Hashable]:
     """What members of a group that have an optional tensor must share: per gate of
     :func:`gate_tensors`, by name, its shape, dtype and optimizer settings (with whether it
-    has a momentum buffer yet); and under :data:`INCUBATING`, where the env has seeds in
-    TRAINING, all of them (slots, seed types and blueprints, their tensors the same way),
-    since a member's incubation pass runs the group's seeds in every slot."""
+    has a momentum buffer yet); per slot with a seed blending in, by slot, the seed's type,
+    blueprint and tensors the same way; per slot with a seed in TRAINING, that it
+    incubates (a seed blending in there elsewhere bears the same names); and under
+    :data:`INCUBATING`, where the env has seeds in TRAINING, all of them (slots, seed types
+    and blueprints, their tensors), since a member's incubation pass runs the group's seeds
+    in every slot."""
     settings = _optimizer_settings(env)
 
     def param(p: Tensor) -> Hashable:
         return (tuple(p.shape), p.dtype, p.requires_grad, settings.get(id(p)))
 
+    def seed(slot: SeedSlot) -> Hashable:
+        assert slot.seed is not None  # blending_slots and incubating_slots list seeded slots
+        return (
+            type(slot.seed),
+            slot.lifecycle.blueprint,
+            tuple((name, param(p)) for name, p in slot.seed.named_parameters()),
+            tuple((name, tuple(b.shape), b.dtype) for name, b in slot.seed.named_buffers()),
+        )
+
     gates = gate_tensors(env.model)
     signature: dict[str, Hashable] = {name: param(p) for name, p in gates.items()}
+    for slot in blending_slots(env.model):
+        signature[slot.slot_id] = (BLENDS, seed(slot))
     incubating = incubating_slots(env.model)
+    for slot in incubating:
+        signature[slot.slot_id] = INCUBATES
     if incubating:
-        params, buffers = optional_tensors(env.model)
-        signature[INCUBATING] = (
-            tuple((slot.slot_id, type(slot.seed), slot.lifecycle.blueprint) for slot in incubating),
-            tuple((name, param(p)) for name, p in params.items() if name not in gates),
-            tuple((name, tuple(b.shape), b.dtype) for name, b in buffers.items()),
-        )
+        signature[INCUBATING] = tuple((slot.slot_id, seed(slot)) for slot in incubating)
     return signature
 
 
@@ -311,6 +331,15 @@ class StackedGroup:
         self._partial_gates = [
             name for name in gate_tensors(self.template) if name in self._optional
         ]
+        #: Per seed blending in that some member lacks, its slot's alpha buffer and the
+        #: seed's parameter names: the alpha is run as 0 on the rows of those members.
+        buffer_names = {id(b): name for name, b in self.template.named_buffers()}
+        self._partial_alphas = {
+            buffer_names[id(slot.alpha_tensor)]: [names[id(p)] for p in slot.seed.parameters()]
+            for slot in blending_slots(self.template)
+            if slot.seed is not None
+            and any(names[id(p)] in self._optional for p in slot.seed.parameters())
+        }
         settings = _optimizer_settings(leader)
         #: Parameter names by (lr, momentum, weight decay): one SGD group each.
         self._sgd_groups: dict[tuple[float, float, float], list[str]] = {}
@@ -326,12 +355,7 @@ class StackedGroup:
             for env, params in zip(self.envs, self._params, strict=True)
         ]
         #: The slots whose seed the step trains: each member's own optimizer holds them.
-        trained_slots = [
-            s
-            for s, slot_id in enumerate(leader.slot_ids)
-            if slot_id in leader.seed_optimizers
-            and leader.model.slot(slot_id).stage not in IDLE_STAGES
-        ]
+        trained_slots = _trained_slots(leader)
         #: Their stacked parameters' names, slot by slot (a seed's, then its gate's).
         stacked_names = self._params[self._lead]
         by_slot = [
@@ -343,11 +367,12 @@ class StackedGroup:
             for s in trained_slots
         ]
         self._seed_names = [name for slot_names in by_slot for name in slot_names]
-        #: Per member, where each trained slot's flags sit in its accumulator (which also
-        #: lists an idle seed's parameters, and a gate the step does not run) and in
+        #: Per member, where each slot's flags that it trains sit in its accumulator (which
+        #: also lists an idle seed's parameters, and a gate the step does not run) and in
         #: ``_seed_names`` (which lists a gate the member lacks).
         self._flag_spans = [
-            _flag_spans(acc, trained_slots, [len(n) for n in by_slot]) for acc in self.accs
+            _flag_spans(acc, trained_slots, [len(n) for n in by_slot], set(_trained_slots(env)))
+            for env, acc in zip(self.envs, self.accs, strict=True)
         ]
         incubating = incubating_slots(self.template)
         self._incubating = incubating
@@ -401,8 +426,8 @@ class StackedGroup:
         for p in stacked.params.values():
             p.grad = None
         with self.template.mapped(), autocast:
-            params = _with_missing_gates(stacked.params, stacked.gate_masks)
-            loss, correct = self._forward(params, stacked.buffers, x, y)
+            params, buffers = _with_missing(stacked, stacked.params, stacked.buffers)
+            loss, correct = self._forward(params, buffers, x, y)
         loss.sum().backward()
         if self._incubating:
             self._incubation_backward(stacked, x, y, autocast)
@@ -430,7 +455,7 @@ class StackedGroup:
             for name, b in stacked.buffers.items()
         }
         with self.template.mapped(), seeds_incubating(self._incubating), autocast:
-            params = _with_missing_gates(params, stacked.gate_masks)
+            params, buffers = _with_missing(stacked, params, buffers)
             seed_loss, _ = self._forward(params, buffers, x, y)
         seed_loss.sum().backward()
 
@@ -486,17 +511,25 @@ class StackedGroup:
                     optimizer.state[leaf][MOMENTUM_BUFFER] = torch.stack(rows)
             optimizers.append(optimizer)
         device = next(iter(params.values())).device
-        gate_masks = {}
-        for name in self._partial_gates:
+
+        def members_with(name: str, dims: int) -> Tensor:
+            """``[G, 1, ...]`` bool (``dims`` dimensions), the members that have ``name``."""
             has = torch.zeros(self.size, device=device, dtype=torch.bool)
             for g, mine in enumerate(self._params):
                 if name in mine:
                     has[g] = True  # a fill on the device: no list crosses to it
-            gate_masks[name] = has.view(-1, *([1] * (params[name].dim() - 1)))
+            return has.view(-1, *([1] * (dims - 1)))
+
         return _Stacked(
             params=params,
             buffers=buffers,
-            gate_masks=gate_masks,
+            gate_masks={
+                name: members_with(name, params[name].dim()) for name in self._partial_gates
+            },
+            alpha_masks={
+                alpha: members_with(seed_names[0], buffers[alpha].dim())
+                for alpha, seed_names in self._partial_alphas.items()
+            },
             buffers_before=[b.clone() for b in buffers.values()],
             optimizers=optimizers,
             loss_sum=torch.zeros(self.size, device=device),
@@ -566,6 +599,9 @@ class _Stacked:
     buffers: dict[str, Tensor]
     #: Per gate some member lacks: ``[G, 1, ...]`` bool, the members that have it.
     gate_masks: dict[str, Tensor]
+    #: Per alpha of a seed blending in that some member lacks: ``[G]`` bool, the members
+    #: that have the seed.
+    alpha_masks: dict[str, Tensor]
     #: ``buffers`` as the running step found them (in their order).
     buffers_before: list[Tensor]
     optimizers: list[torch.optim.Optimizer]
@@ -581,11 +617,21 @@ class _Stacked:
     last_batch: tuple[Tensor, Tensor] | None = None
 
 
+def _trained_slots(env: GrowingHost) -> list[int]:
+    """The indices of the slots whose seed a step of ``env`` trains (its own optimizer)."""
+    return [
+        s
+        for s, slot_id in enumerate(env.slot_ids)
+        if slot_id in env.seed_optimizers and env.model.slot(slot_id).stage not in IDLE_STAGES
+    ]
+
+
 def _flag_spans(
-    acc: EnvAccumulator, slots: Sequence[int], stacked_sizes: Sequence[int]
+    acc: EnvAccumulator, slots: Sequence[int], stacked_sizes: Sequence[int], own: set[int]
 ) -> list[tuple[slice, slice]]:
-    """For each of ``slots`` (in order), the span of its parameters' flags in ``acc`` and in
-    a group's stacked flags, which list only ``slots``, ``stacked_sizes[k]`` for the k-th.
+    """For each of ``slots`` (in order) that is also in ``own`` (the member's trained
+    slots), the span of its parameters' flags in ``acc`` and in a group's stacked flags,
+    which list only ``slots``, ``stacked_sizes[k]`` for the k-th.
 
     A slot lists its seed's parameters, then its gate's, in both; where one of the two
     lists a gate the other does not (a member without the template's gate, a gate the
@@ -594,7 +640,7 @@ def _flag_spans(
     pairs, start = [], 0
     for s, stacked_size in zip(slots, stacked_sizes, strict=True):
         mine = spans.get(s)
-        if mine is None:  # a seed in TRAINING this member lacks
+        if mine is None or s not in own:  # a seed this member lacks, or leaves idle
             start += stacked_size
             continue
         size = min(mine.stop - mine.start, stacked_size)
@@ -603,14 +649,23 @@ def _flag_spans(
     return pairs
 
 
-def _with_missing_gates(params: dict[str, Tensor], masks: dict[str, Tensor]) -> dict[str, Tensor]:
+def _with_missing(
+    stacked: _Stacked, params: dict[str, Tensor], buffers: dict[str, Tensor]
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """``params`` with each gate some member lacks set to :data:`_NO_GATE_LOGIT` on that
-    member's row (its gradient there is 0, and the row is never written back)."""
-    if not masks:
-        return params
-    return params | {
-        name: torch.where(has, params[name], _NO_GATE_LOGIT) for name, has in masks.items()
-    }
+    member's row (its gradient there is 0, and the row is never written back), and
+    ``buffers`` with the alpha of each seed blending in that some member lacks set to 0 on
+    that member's row (its seed rows then add exactly nothing)."""
+    if stacked.gate_masks:
+        params = params | {
+            name: torch.where(has, params[name], _NO_GATE_LOGIT)
+            for name, has in stacked.gate_masks.items()
+        }
+    if stacked.alpha_masks:
+        buffers = buffers | {
+            name: torch.where(has, buffers[name], 0.0) for name, has in stacked.alpha_masks.items()
+        }
+    return params, buffers
 
 
 def _owners_by_name(env: GrowingHost) -> dict[str, tuple[torch.optim.Optimizer, Tensor]]:
