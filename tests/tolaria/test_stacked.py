@@ -119,7 +119,8 @@ def run_both(
 def test_envs_group_by_architecture_seeds_and_stages_but_not_alpha() -> None:
     """Envs 2 and 3 incubate the same seed, which the host's pass goes through: they
     train with the plain envs 0 and 1 (env 2 is the template: it runs their incubation
-    pass). Env 10 incubates another seed: alone."""
+    pass). Envs 4 and 5 blend a widening in at different alphas. Env 10 incubates
+    another seed in another slot, and no member incubates both: alone."""
     envs = cnn_envs()
     groups, alone = stack_groups(envs)
     assert groups == [[0, 1, 2, 3], [4, 5], [6, 7], [8, 9]]
@@ -286,11 +287,11 @@ def envs_with_and_without_gates() -> list[GrowingHost]:
 
 
 def test_envs_with_and_without_a_gate_group_where_one_member_has_every_gate() -> None:
-    """Env 10 blends the seeds of envs 0-2 and one more: it runs their group. Env 9 would
-    need a member with both its gate and env 10's."""
+    """Envs 9 and 10 blend the seed of envs 0-2 and one more; 9 runs the members without
+    a gate in stage1 (0, 2), 10 the gated one (1). No member has both their gates."""
     groups, alone = stack_groups(envs_with_and_without_gates())
-    assert groups == [[0, 1, 2, 10], [3, 4], [7, 8], [5, 6]]
-    assert alone == [9]
+    assert groups == [[0, 2, 9], [1, 10], [3, 4], [7, 8], [5, 6]]
+    assert alone == []
 
 
 def test_stacked_epochs_with_and_without_gates_equal_the_per_env_path() -> None:
@@ -322,7 +323,8 @@ def test_gates_split_a_key_group_where_they_differ_or_no_member_has_them_all() -
     split = stacked_module._split_by_optional
     assert split([0, 1, 2], [{}, {"g1": a}, {}]) == [[0, 1, 2]]
     assert split([0, 1, 2], [{"g1": a}, {"g1": b}, {}]) == [[0, 2], [1]]
-    assert split([0, 1, 2], [{"g1": a}, {"g2": a}, {"g1": a, "g2": a}]) == [[0, 2], [1]]
+    assert split([0, 1, 2], [{"g1": a}, {"g2": a}, {"g1": a, "g2": a}]) == [[0, 1, 2]]
+    assert split([0, 1, 2], [{"g1": a}, {"g2": a}, {}]) == [[0, 2], [1]]
 
 
 def envs_with_seeds_blending_in() -> list[GrowingHost]:
@@ -416,19 +418,25 @@ def envs_with_incubating_seeds() -> list[GrowingHost]:
     return made
 
 
-def test_envs_incubating_the_same_seeds_group_with_plain_envs_and_no_others() -> None:
-    """A member's incubation pass runs the group's seeds in TRAINING in every slot, so
-    members that have any must have the same ones (a gate, which no pass in TRAINING
-    runs, does not count); plain envs join."""
+def test_envs_incubating_seeds_group_under_one_that_incubates_them_all() -> None:
+    """A member's incubation pass runs the group's seeds in TRAINING in every slot, scaled
+    by 0 where it lacks one: env 6, which incubates in both slots, runs the envs that
+    incubate in either and the plain ones (a gate, which no pass in TRAINING runs, does
+    not count); env 3 incubates another blueprint where others incubate conv_light."""
     groups, alone = stack_groups(envs_with_incubating_seeds())
-    assert groups == [[0, 1, 2, 4, 7], [5, 8]]
-    assert alone == [3, 6]
+    assert groups == [[0, 1, 2, 4, 5, 6, 7, 8]]
+    assert alone == [3]
 
 
-def test_stacked_epochs_with_incubating_and_plain_envs_equal_the_per_env_path() -> None:
+def test_stacked_epochs_with_incubating_and_plain_envs_equal_the_per_env_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Two epochs: in the second, the incubating seeds have momentum, the rows of the
-    plain members do not; the plain members end with no seed and no seed state."""
-    _, stacked = run_both(envs_with_incubating_seeds, image_loaders(n_train=132, batch=44))
+    plain members do not; the plain members end with no seed and no seed state, and the
+    members incubating in one slot train their seed as alone."""
+    steps = count_stacked_steps(monkeypatch)
+    _, stacked = run_both(envs_with_incubating_seeds, image_loaders(n_train=135, batch=45))
+    assert steps == [8] * 3 * 2  # one group, 3 batches, 2 epochs
     for i in (0, 4):
         assert not stacked[i].seed_optimizers
         assert not any(".seed." in name for name, _ in stacked[i].model.named_parameters())

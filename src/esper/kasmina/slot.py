@@ -60,6 +60,10 @@ class SeedSlot(nn.Module):
         # Alpha as a device scalar, refreshed by every lifecycle op: forward multiplies by a
         # tensor, so a compiled forward does not recompile each time the ramp moves.
         self.register_buffer("_alpha_t", torch.zeros(()), persistent=False)
+        # What the incubation pass multiplies a TRAINING seed's output by: always 1 here (an
+        # exact no-op); the stacked engine runs it as 0 for the members of a group that do
+        # not have the seed (``esper.tolaria.stacked``).
+        self.register_buffer("_incubation_t", torch.ones(()), persistent=False)
         # During a counterfactual pass: how many replicas of the batch reach this slot.
         self._cf_fork: int | None = None
         #: Set during the incubation pass: a TRAINING seed then adds its output at alpha 1.
@@ -82,6 +86,11 @@ class SeedSlot(nn.Module):
         """The device scalar the forward multiplies a blending seed's output by (a
         non-persistent buffer, kept equal to :attr:`alpha` by every lifecycle op)."""
         return self._alpha_t
+
+    @property
+    def incubation_tensor(self) -> Tensor:
+        """The device scalar the incubation pass multiplies the seed's output by: 1."""
+        return self._incubation_t
 
     @property
     def has_seed(self) -> bool:
@@ -215,7 +224,7 @@ class SeedSlot(nn.Module):
             if not self.incubating:
                 return h  # alpha 0: the host trains alone; the seed learns in incubation
             # A seed-only pass: incubation (TRAINING), or choosing a widening's units.
-            return self._join(h, seed(source.detach()))
+            return self._join(h, self._incubation_t * seed(source.detach()))
         delta = seed(source if stage is SeedStage.FOSSILIZED else source.detach())
         if self.gate is not None:
             delta = self.gate(delta)

@@ -13,8 +13,7 @@ on the rows of those that lack it. A seed blending in (BLENDING, HOLDING) that s
 members lack is run for all of them, at an alpha of 0 on the rows of those that lack it:
 its input is detached, so their outputs and gradients are the host's alone. Seeds in
 TRAINING, which the host's pass goes through, are run by the incubation pass for every
-member, on rows of zeros for the members that have none (they keep nothing of it);
-members that have some have the same.
+member, scaled by 0 on the rows of those that lack them (they keep nothing of them).
 
 A group is formed at the start of an epoch and written back into its envs at the end,
 before validation: lifecycle ops, rollback, checkpoints and the counterfactual pass run
@@ -134,9 +133,7 @@ def optional_tensors(model: HostModel) -> tuple[dict[str, Tensor], dict[str, Ten
     seeds blending in (:func:`blending_slots`: a member without one runs the template's
     at alpha 0), and the seeds in TRAINING (not their gates: no pass runs those). The
     host's pass goes through a seed in TRAINING; only the incubation pass runs it, for
-    every member of the group, and a member without the group's seeds there (it has none
-    in TRAINING: :func:`stack_groups`) computes a seed loss on rows of zeros that train
-    nothing it keeps."""
+    every member of the group, scaled by 0 on the rows of a member without it."""
     params = {id(p) for p in gate_tensors(model).values()}
     buffers: set[int] = set()
     for slot in (*blending_slots(model), *incubating_slots(model)):
@@ -202,8 +199,6 @@ def stack_groups(envs: Sequence[GrowingHost]) -> tuple[list[list[int]], list[int
     return groups, [i for i in range(len(envs)) if i not in grouped]
 
 
-#: The entry of :func:`_optional_signature` for an env's seeds in TRAINING, all together.
-INCUBATING = "seeds in TRAINING"
 #: What :func:`_optional_signature` says of a slot whose seed blends in, or incubates.
 BLENDS, INCUBATES = "blends", "incubates"
 
@@ -211,12 +206,9 @@ BLENDS, INCUBATES = "blends", "incubates"
 def _optional_signature(env: GrowingHost) -> dict[str, Hashable]:
     """What members of a group that have an optional tensor must share: per gate of
     :func:`gate_tensors`, by name, its shape, dtype and optimizer settings (with whether it
-    has a momentum buffer yet); per slot with a seed blending in, by slot, the seed's type,
-    blueprint and tensors the same way; per slot with a seed in TRAINING, that it
-    incubates (a seed blending in there elsewhere bears the same names); and under
-    :data:`INCUBATING`, where the env has seeds in TRAINING, all of them (slots, seed types
-    and blueprints, their tensors), since a member's incubation pass runs the group's seeds
-    in every slot."""
+    has a momentum buffer yet); and per slot with a seed blending in or in TRAINING, by
+    slot, which of the two and the seed's type, blueprint and tensors the same way (a
+    seed of the other kind in that slot elsewhere bears the same names)."""
     settings = _optimizer_settings(env)
 
     def param(p: Tensor) -> Hashable:
@@ -235,11 +227,8 @@ def _optional_signature(env: GrowingHost) -> dict[str, Hashable]:
     signature: dict[str, Hashable] = {name: param(p) for name, p in gates.items()}
     for slot in blending_slots(env.model):
         signature[slot.slot_id] = (BLENDS, seed(slot))
-    incubating = incubating_slots(env.model)
-    for slot in incubating:
-        signature[slot.slot_id] = INCUBATES
-    if incubating:
-        signature[INCUBATING] = tuple((slot.slot_id, seed(slot)) for slot in incubating)
+    for slot in incubating_slots(env.model):
+        signature[slot.slot_id] = (INCUBATES, seed(slot))
     return signature
 
 
@@ -248,10 +237,26 @@ def _split_by_optional(
 ) -> list[list[int]]:
     """Envs of one :func:`stack_key` in parts that can train as one: in a part, the members
     that have an entry of :func:`_optional_signature` agree on it, and one member has
-    every entry any member has (the group's template: its forward runs them all). Greedy,
-    in env order."""
+    every entry any member has (the group's template: its forward runs them all).
+
+    Greedy, twice: in env order, and with the members that have the most entries (those
+    that can run a group) first; whichever leaves fewer envs alone (env order on a tie).
+    Neither is best everywhere: the second finds a template that comes late in env order,
+    the first did better on a real fit (benchmarks/README.md, "How much of a real fit
+    stacks"). Each part in env order."""
+    by_entries = sorted(range(len(members)), key=lambda k: (-len(signatures[k]), k))
+    tries = [_greedy_parts(members, signatures, order) for order in (None, by_entries)]
+    return max(tries, key=lambda parts: sum(len(p) for p in parts if len(p) >= MIN_GROUP))
+
+
+def _greedy_parts(
+    members: list[int], signatures: list[dict[str, Hashable]], order: list[int] | None
+) -> list[list[int]]:
+    """:func:`_split_by_optional`'s parts, each member (taken in ``order`` of positions,
+    default as listed) joining the first part it can."""
     parts: list[tuple[list[int], list[dict[str, Hashable]]]] = []
-    for i, mine in zip(members, signatures, strict=True):
+    for k in range(len(members)) if order is None else order:
+        i, mine = members[k], signatures[k]
         for indices, theirs in parts:
             union = {name: s for sig in theirs for name, s in sig.items()}
             if any(union.get(name, s) != s for name, s in mine.items()):
@@ -263,7 +268,7 @@ def _split_by_optional(
                 break
         else:
             parts.append(([i], [mine]))
-    return [indices for indices, _ in parts]
+    return sorted(sorted(indices) for indices, _ in parts)
 
 
 def _optimizer_settings(env: GrowingHost) -> dict[int, tuple[float, float, float, bool]]:
@@ -331,15 +336,16 @@ class StackedGroup:
         self._partial_gates = [
             name for name in gate_tensors(self.template) if name in self._optional
         ]
-        #: Per seed blending in that some member lacks, its slot's alpha buffer and the
-        #: seed's parameter names: the alpha is run as 0 on the rows of those members.
-        buffer_names = {id(b): name for name, b in self.template.named_buffers()}
-        self._partial_alphas = {
-            buffer_names[id(slot.alpha_tensor)]: [names[id(p)] for p in slot.seed.parameters()]
-            for slot in blending_slots(self.template)
-            if slot.seed is not None
-            and any(names[id(p)] in self._optional for p in slot.seed.parameters())
-        }
+        #: Per seed some member lacks, by the name of the buffer its slot scales it by (a
+        #: seed blending in: its alpha, in both passes; in TRAINING: its incubation scale,
+        #: in the incubation pass), the name of one of its parameters: the scale is run as
+        #: 0 on the rows of the members without that parameter.
+        self._partial_alphas = self._partial_seeds(
+            blending_slots(self.template), lambda slot: slot.alpha_tensor
+        )
+        self._partial_incubations = self._partial_seeds(
+            incubating_slots(self.template), lambda slot: slot.incubation_tensor
+        )
         settings = _optimizer_settings(leader)
         #: Parameter names by (lr, momentum, weight decay): one SGD group each.
         self._sgd_groups: dict[tuple[float, float, float], list[str]] = {}
@@ -392,6 +398,21 @@ class StackedGroup:
     @property
     def size(self) -> int:
         return len(self.envs)
+
+    def _partial_seeds(
+        self, slots: Sequence[SeedSlot], scale_of: Callable[[SeedSlot], Tensor]
+    ) -> dict[str, str]:
+        """For each of the template's ``slots`` whose seed some member lacks: the name of
+        the buffer ``scale_of(slot)``, and of the seed's first parameter."""
+        params = {id(p): name for name, p in self.template.named_parameters()}
+        buffers = {id(b): name for name, b in self.template.named_buffers()}
+        partial = {}
+        for slot in slots:
+            assert slot.seed is not None  # blending_slots and incubating_slots list seeds
+            seed_names = [params[id(p)] for p in slot.seed.parameters()]
+            if seed_names and seed_names[0] in self._optional:
+                partial[buffers[id(scale_of(slot))]] = seed_names[0]
+        return partial
 
     # ------------------------------------------------------------------ training
     def step(self, x: Tensor, y: Tensor, autocast_dtype: torch.dtype | None = None) -> None:
@@ -455,7 +476,7 @@ class StackedGroup:
             for name, b in stacked.buffers.items()
         }
         with self.template.mapped(), seeds_incubating(self._incubating), autocast:
-            params, buffers = _with_missing(stacked, params, buffers)
+            params, buffers = _with_missing(stacked, params, buffers, incubating=True)
             seed_loss, _ = self._forward(params, buffers, x, y)
         seed_loss.sum().backward()
 
@@ -527,8 +548,12 @@ class StackedGroup:
                 name: members_with(name, params[name].dim()) for name in self._partial_gates
             },
             alpha_masks={
-                alpha: members_with(seed_names[0], buffers[alpha].dim())
-                for alpha, seed_names in self._partial_alphas.items()
+                alpha: members_with(seed, buffers[alpha].dim())
+                for alpha, seed in self._partial_alphas.items()
+            },
+            incubation_masks={
+                scale: members_with(seed, buffers[scale].dim())
+                for scale, seed in self._partial_incubations.items()
             },
             buffers_before=[b.clone() for b in buffers.values()],
             optimizers=optimizers,
@@ -602,6 +627,8 @@ class _Stacked:
     #: Per alpha of a seed blending in that some member lacks: ``[G]`` bool, the members
     #: that have the seed.
     alpha_masks: dict[str, Tensor]
+    #: Per incubation scale of a seed in TRAINING that some member lacks: the same.
+    incubation_masks: dict[str, Tensor]
     #: ``buffers`` as the running step found them (in their order).
     buffers_before: list[Tensor]
     optimizers: list[torch.optim.Optimizer]
@@ -650,20 +677,25 @@ def _flag_spans(
 
 
 def _with_missing(
-    stacked: _Stacked, params: dict[str, Tensor], buffers: dict[str, Tensor]
+    stacked: _Stacked,
+    params: dict[str, Tensor],
+    buffers: dict[str, Tensor],
+    incubating: bool = False,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """``params`` with each gate some member lacks set to :data:`_NO_GATE_LOGIT` on that
     member's row (its gradient there is 0, and the row is never written back), and
-    ``buffers`` with the alpha of each seed blending in that some member lacks set to 0 on
-    that member's row (its seed rows then add exactly nothing)."""
+    ``buffers`` with the alpha of each seed blending in that some member lacks (and, in
+    the incubation pass, the scale of each seed in TRAINING that some member lacks) set
+    to 0 on that member's row: its seed rows then add exactly nothing."""
     if stacked.gate_masks:
         params = params | {
             name: torch.where(has, params[name], _NO_GATE_LOGIT)
             for name, has in stacked.gate_masks.items()
         }
-    if stacked.alpha_masks:
+    masks = stacked.alpha_masks | (stacked.incubation_masks if incubating else {})
+    if masks:
         buffers = buffers | {
-            name: torch.where(has, buffers[name], 0.0) for name, has in stacked.alpha_masks.items()
+            name: torch.where(has, buffers[name], 0.0) for name, has in masks.items()
         }
     return params, buffers
 
