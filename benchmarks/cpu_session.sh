@@ -14,6 +14,10 @@
 # the run; PYTHON names the interpreter (default python3); DEVICE_PYTHON_VERSION the
 # Python the wheels are for (default 3.12, the machine's). Esper runs from src/ with the
 # machine's torch, esper-lite from .peer/src with the same.
+# The same comparison on the GPU (issue 35's 3x esper-lite per update, 16 envs):
+# ESPER_SIDE_DEVICE=cuda ESPER_CPU_ENVS=16, and ESPER_ENGINE=stacked to run Esper with
+# --model.engine stacked (default: Esper's default engine); the table then lands in
+# $OUT/cuda_side_by_side.txt.
 set -u -o pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 py=${PYTHON:-python3}
@@ -41,25 +45,29 @@ prepare() {
 run() {
   cd "$root" || exit 1
   [ -d .whl ] && [ -f .peer/side_by_side.sh ] || { echo "no .whl/ or .peer/: run 'prepare' here first and carry both"; exit 1; }
-  local out=${OUT:-$(mktemp -d)} site wrap python
+  local out=${OUT:-$(mktemp -d)} site wrap python device=${ESPER_SIDE_DEVICE:-cpu} engine=""
+  [ -n "${ESPER_ENGINE:-}" ] && engine=" --model.engine $ESPER_ENGINE"
   site=$(mktemp -d) wrap=$(mktemp -d) python=$(command -v "$py") || exit 1
   python=$(cd "$(dirname "$python")" && pwd)/$(basename "$python")  # the launchers run elsewhere
   "$py" -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/*.whl || exit 1
   # side_by_side.sh runs "$ESPER fit ..." and "$PEER_VENV/bin/python run_peer.py ...": the
   # two are given as small launchers, each with its own package on the path (both are
   # called esper) and the carried wheels.
-  printf '#!/bin/sh\nPYTHONPATH=%s/src:%s exec %s -m esper "$@"\n' "$root" "$site" "$python" \
-    > "$wrap/esper"
+  # (A PYTHONPATH already set stays on both paths, after them.)
+  site=$site${PYTHONPATH:+:$PYTHONPATH}
+  printf '#!/bin/sh\nPYTHONPATH=%s/src:%s exec %s -m esper "$@"%s\n' "$root" "$site" "$python" \
+    "$engine" > "$wrap/esper"
   mkdir -p "$wrap/peer/bin"
   printf '#!/bin/sh\nPYTHONPATH=%s/.peer/src:%s exec %s "$@"\n' "$root" "$site" "$python" \
     > "$wrap/peer/bin/python"
   chmod +x "$wrap/esper" "$wrap/peer/bin/python"
   "$wrap/esper" --help > /dev/null || { echo "Esper's CLI does not start here"; exit 1; }
   "$python" -c "import os, torch; print(f'{os.cpu_count()} CPUs, torch {torch.__version__}, \
-{torch.get_num_threads()} intra-op threads')" | tee "$out/cpu_side_by_side.txt"
+{torch.get_num_threads()} intra-op threads')" | tee "$out/${device}_side_by_side.txt"
+  echo "Esper run as: $wrap/esper fit ...$engine" | tee -a "$out/${device}_side_by_side.txt"
   ESPER="$wrap/esper" PEER_VENV="$wrap/peer" timeout 540 bash .peer/side_by_side.sh \
-    --envs "${ESPER_CPU_ENVS:-4}" --rounds "${ESPER_CPU_ROUNDS:-3}" 2>&1 \
-    | tee -a "$out/cpu_side_by_side.txt"
+    --envs "${ESPER_CPU_ENVS:-4}" --rounds "${ESPER_CPU_ROUNDS:-3}" --device "$device" 2>&1 \
+    | tee -a "$out/${device}_side_by_side.txt"
 }
 
 case ${1:-} in
