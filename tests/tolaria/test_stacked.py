@@ -372,6 +372,36 @@ def test_stacked_epochs_with_seeds_blending_in_at_other_slots_equal_the_per_env_
     assert list(stacked[3].seed_optimizers) == ["stage1"]
 
 
+def test_transformer_envs_with_seeds_blending_in_at_other_blocks_equal_the_per_env_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Env 0 plain; 1 attention blending in block0; 2 the same and a gated widening in
+    block1 (the template); 3 that widening, holding: one group, as alone."""
+    plan = [
+        [],
+        [("block0", "attention", BlendMode.LINEAR, SeedStage.BLENDING)],
+        [
+            ("block0", "attention", BlendMode.LINEAR, SeedStage.BLENDING),
+            ("block1", "widen", BlendMode.GATED, SeedStage.BLENDING),
+        ],
+        [("block1", "widen", BlendMode.LINEAR, SeedStage.HOLDING)],
+    ]
+
+    def envs() -> list[GrowingHost]:
+        torch.manual_seed(0)
+        made = [GrowingHost(TransformerHost(seq_len=12, d_model=32, lifecycle=FAST)) for _ in plan]
+        for env, seeds in zip(made, plan, strict=True):
+            for slot_id, blueprint, mode, stage in seeds:
+                env.germinate(slot_id, blueprint, mode)
+                to_stage(env, slot_id, stage)
+        return made
+
+    assert stack_groups(envs()) == ([[0, 1, 2, 3]], [])
+    steps = count_stacked_steps(monkeypatch)
+    run_both(envs, token_loaders())
+    assert steps and set(steps) == {4}
+
+
 def test_a_seed_just_planted_where_the_template_blends_one_keeps_its_flags() -> None:
     """Env 0 has just planted a seed in the slot where env 1 blends one in. A non-finite
     input to env 0 makes its loss non-finite, and its rows of env 1's seed with it; its
