@@ -67,7 +67,7 @@ class EnvConfig:
     #: Results are the same either way; GPUs keep their per-env streams.
     cpu_workers: int | None = None
     #: How hosts train: "per_env" (each on its own) or "stacked" (envs whose hosts share
-    #: an architecture, seeds and stages as one network mapped over them:
+    #: an architecture, seeds agreeing where two have one, as one network mapped over them:
     #: ``esper.tolaria.stacked``). Results agree up to float rounding.
     engine: str = "per_env"
 

@@ -96,8 +96,8 @@ class PPOModule(LightningModule):
         devices: place this rank's hosts round-robin over these devices (one process,
             several GPUs); each env trains on its own CUDA stream. None: the module's.
         engine: how hosts train: ``per_env`` (default) or ``stacked``: envs whose hosts
-            share an architecture, seeds and stages train as one network mapped over
-            them, in fewer kernel launches (not with ``compile`` or ``amp=fp16``).
+            share an architecture (and whose seeds agree where two have one in a slot)
+            train as one network mapped over them, in fewer kernel launches (not with ``compile`` or ``amp=fp16``).
     """
 
     def __init__(

@@ -79,10 +79,11 @@ class HostTraining:
             once (``esper.tolaria.parallel``; None: one per core torch uses, at most one
             per env; 1: one after another). Results equal the sequential path's.
         engine: ``"per_env"`` trains each host on its own (CPU worker threads, CUDA
-            streams); ``"stacked"`` trains envs whose hosts share an architecture, seeds
-            and stages as one network mapped over the envs (``esper.tolaria.stacked``:
-            fewer kernel launches, equal results up to float rounding), the rest on
-            their own. Not with ``compile`` or ``amp="fp16"``.
+            streams); ``"stacked"`` trains envs whose hosts share an architecture, and
+            whose seeds agree where two have one in a slot, as one network mapped over
+            the envs (``esper.tolaria.stacked``: fewer kernel launches, equal results up
+            to float rounding), the rest on their own. Not with ``compile`` or
+            ``amp="fp16"``.
     """
 
     on_oom: str = "raise"
