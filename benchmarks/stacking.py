@@ -30,8 +30,10 @@ def count_groups(fit_arguments: Sequence[str]) -> dict[str, float]:
     tally = {"epochs": 0, "env_epochs": 0, "stacked_env_epochs": 0, "group_size_sum": 0}
     real_stack_groups = stacked.stack_groups
 
-    def counted(envs: Sequence[GrowingHost]) -> tuple[list[list[int]], list[int]]:
-        groups, alone = real_stack_groups(envs)
+    def counted(
+        envs: Sequence[GrowingHost], views: Sequence[stacked.EnvView] | None = None
+    ) -> tuple[list[list[int]], list[int]]:
+        groups, alone = real_stack_groups(envs, views)
         tally["epochs"] += 1
         tally["env_epochs"] += len(envs)
         for group in groups:

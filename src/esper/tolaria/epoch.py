@@ -35,7 +35,7 @@ from esper.tolaria.counterfactual import validate_with_counterfactuals
 from esper.tolaria.host_training import HostTraining, autocast_to
 from esper.tolaria.parallel import resolve_workers, run_env_steps
 from esper.tolaria.shares import consecutive, env_share, group_shares, index_on
-from esper.tolaria.stacked import StackedGroup, stack_groups
+from esper.tolaria.stacked import EnvView, StackedGroup, stack_groups
 from esper.tolaria.streams import env_streams as _env_streams
 from esper.tolaria.streams import on_stream as _on_stream
 
@@ -262,8 +262,12 @@ def _train_batches(
     with the batch it failed on: the failed step leaves the group as it found it
     (``StackedGroup.step``), so that batch counts once.
     """
-    members, alone = stack_groups(envs) if stacked else ([], list(range(len(envs))))
-    groups = [StackedGroup([envs[i] for i in g], [accs[i] for i in g]) for g in members]
+    views = [EnvView.of(env) for env in envs] if stacked else []
+    members, alone = stack_groups(envs, views) if stacked else ([], list(range(len(envs))))
+    groups = [
+        StackedGroup([envs[i] for i in g], [accs[i] for i in g], [views[i] for i in g])
+        for g in members
+    ]
     env_devices = [env.device for env in envs]  # a parameter lookup each: once an epoch
     #: Per group, its members' rows of an evenly split batch, where they are not one
     #: slice: gathered by one index, made once on the group's device.

@@ -56,7 +56,31 @@ MIN_GROUP = 2
 
 
 # ----------------------------------------------------------------------------- grouping
-def stack_key(env: GrowingHost) -> Hashable:
+#: A host's parameters and buffers, each by name.
+Named = tuple[dict[str, Tensor], dict[str, Tensor]]
+
+
+def _named(model: HostModel) -> Named:
+    return dict(model.named_parameters()), dict(model.named_buffers())
+
+
+@dataclass(frozen=True)
+class EnvView:
+    """One env's tensors by name and optimizer settings, read once: grouping and a group's
+    set-up consult them several times, and walking a host's module tree (what
+    ``named_parameters`` does) cost more than everything else they do (16 envs: most of
+    the 26 ms an epoch spent forming and setting up groups)."""
+
+    named: Named
+    #: Per parameter (by id): :func:`_optimizer_settings`.
+    settings: dict[int, tuple[float, float, float, bool]]
+
+    @classmethod
+    def of(cls, env: GrowingHost) -> EnvView:
+        return cls(_named(env.model), _optimizer_settings(env))
+
+
+def stack_key(env: GrowingHost, view: EnvView | None = None) -> Hashable:
     """What must be equal for envs to train as one stacked network.
 
     The host's class, device and mode; the name, shape and dtype of every parameter and
@@ -71,8 +95,9 @@ def stack_key(env: GrowingHost) -> Hashable:
     :func:`stack_groups` finds them compatible.
     """
     model = env.model
-    settings = _optimizer_settings(env)
-    params, buffers = trained_tensors(model)
+    view = view or EnvView.of(env)
+    settings = view.settings
+    params, buffers = trained_tensors(model, view.named)
     params_key = tuple(
         (name, tuple(p.shape), p.dtype, p.requires_grad, settings.get(id(p)))
         for name, p in params.items()
@@ -102,12 +127,13 @@ BLEND_STAGES = frozenset({SeedStage.BLENDING, SeedStage.HOLDING})
 _NO_GATE_LOGIT = float("inf")
 
 
-def trained_tensors(model: HostModel) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+def trained_tensors(model: HostModel, named: Named | None = None) -> Named:
     """The parameters and buffers, by name, that a training step of ``model`` uses and a
     group's members all have: all but those no pass of the step runs (seeds and their
     gates in :data:`IDLE_STAGES`; the gate of a seed in TRAINING, which its incubation
     runs at full strength, ungated) and those of :func:`optional_tensors`."""
-    optional_params, optional_buffers = optional_tensors(model)
+    named = named or _named(model)
+    optional_params, optional_buffers = optional_tensors(model, named)
     left_out = {id(t) for t in (*optional_params.values(), *optional_buffers.values())}
     for slot in model.iter_slots():
         if slot.seed is None:
@@ -122,27 +148,28 @@ def trained_tensors(model: HostModel) -> tuple[dict[str, Tensor], dict[str, Tens
             if module is not None:
                 left_out.update(id(t) for t in module.parameters())
                 left_out.update(id(t) for t in module.buffers())
-    params = {name: p for name, p in model.named_parameters() if id(p) not in left_out}
-    buffers = {name: b for name, b in model.named_buffers() if id(b) not in left_out}
+    params = {name: p for name, p in named[0].items() if id(p) not in left_out}
+    buffers = {name: b for name, b in named[1].items() if id(b) not in left_out}
     return params, buffers
 
 
-def optional_tensors(model: HostModel) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+def optional_tensors(model: HostModel, named: Named | None = None) -> Named:
     """The parameters and buffers, by name, that a group's members need not all have: the
     gates of :func:`gate_tensors` (a member without one runs the template's as 1), the
     seeds blending in (:func:`blending_slots`: a member without one runs the template's
     at alpha 0), and the seeds in TRAINING (not their gates: no pass runs those). The
     host's pass goes through a seed in TRAINING; only the incubation pass runs it, for
     every member of the group, scaled by 0 on the rows of a member without it."""
-    params = {id(p) for p in gate_tensors(model).values()}
+    named = named or _named(model)
+    params = {id(p) for p in gate_tensors(model, named).values()}
     buffers: set[int] = set()
     for slot in (*blending_slots(model), *incubating_slots(model)):
         assert slot.seed is not None  # both list seeded slots
         params.update(id(p) for p in slot.seed.parameters())
         buffers.update(id(b) for b in slot.seed.buffers())
     return (
-        {name: p for name, p in model.named_parameters() if id(p) in params},
-        {name: b for name, b in model.named_buffers() if id(b) in buffers},
+        {name: p for name, p in named[0].items() if id(p) in params},
+        {name: b for name, b in named[1].items() if id(b) in buffers},
     )
 
 
@@ -153,7 +180,7 @@ def blending_slots(model: HostModel) -> list[SeedSlot]:
     ]
 
 
-def gate_tensors(model: HostModel) -> dict[str, Tensor]:
+def gate_tensors(model: HostModel, named: Named | None = None) -> dict[str, Tensor]:
     """The parameters, by name, of the gates the forward multiplies by (a seed in
     :data:`GATE_STAGES` that has one): a group's members need not all have them."""
     gates = {
@@ -162,7 +189,8 @@ def gate_tensors(model: HostModel) -> dict[str, Tensor]:
         if slot.seed is not None and slot.gate is not None and slot.stage in GATE_STAGES
         for p in slot.gate.parameters()
     }
-    return {name: p for name, p in model.named_parameters() if id(p) in gates}
+    named = named or _named(model)
+    return {name: p for name, p in named[0].items() if id(p) in gates}
 
 
 #: Stages whose seed leaves a slot's key (:func:`_slot_key`): the step does not run it, or
@@ -183,16 +211,22 @@ def _slot_key(slot: SeedSlot) -> Hashable:
     return (slot.slot_id, type(slot.seed), slot.lifecycle.blueprint, slot.stage, gated)
 
 
-def stack_groups(envs: Sequence[GrowingHost]) -> tuple[list[list[int]], list[int]]:
+def stack_groups(
+    envs: Sequence[GrowingHost], views: Sequence[EnvView] | None = None
+) -> tuple[list[list[int]], list[int]]:
     """Envs that can train stacked, as groups of at least :data:`MIN_GROUP` env indices
-    (in env order), and the indices of the envs left to train alone."""
+    (in env order), and the indices of the envs left to train alone. ``views``: each
+    env's :class:`EnvView`, if the caller has them."""
+    views = views or [EnvView.of(env) for env in envs]
     by_key: dict[Hashable, list[int]] = {}
     for i, env in enumerate(envs):
-        by_key.setdefault(stack_key(env), []).append(i)
+        by_key.setdefault(stack_key(env, views[i]), []).append(i)
     groups = [
         part
         for members in by_key.values()
-        for part in _split_by_optional(members, [_optional_signature(envs[i]) for i in members])
+        for part in _split_by_optional(
+            members, [_optional_signature(envs[i], views[i]) for i in members]
+        )
         if len(part) >= MIN_GROUP
     ]
     grouped = {i for members in groups for i in members}
@@ -203,13 +237,14 @@ def stack_groups(envs: Sequence[GrowingHost]) -> tuple[list[list[int]], list[int
 BLENDS, INCUBATES = "blends", "incubates"
 
 
-def _optional_signature(env: GrowingHost) -> dict[str, Hashable]:
+def _optional_signature(env: GrowingHost, view: EnvView | None = None) -> dict[str, Hashable]:
     """What members of a group that have an optional tensor must share: per gate of
     :func:`gate_tensors`, by name, its shape, dtype and optimizer settings (with whether it
     has a momentum buffer yet); and per slot with a seed blending in or in TRAINING, by
     slot, which of the two and the seed's type, blueprint and tensors the same way (a
     seed of the other kind in that slot elsewhere bears the same names)."""
-    settings = _optimizer_settings(env)
+    view = view or EnvView.of(env)
+    settings = view.settings
 
     def param(p: Tensor) -> Hashable:
         return (tuple(p.shape), p.dtype, p.requires_grad, settings.get(id(p)))
@@ -223,7 +258,7 @@ def _optional_signature(env: GrowingHost) -> dict[str, Hashable]:
             tuple((name, tuple(b.shape), b.dtype) for name, b in slot.seed.named_buffers()),
         )
 
-    gates = gate_tensors(env.model)
+    gates = gate_tensors(env.model, view.named)
     signature: dict[str, Hashable] = {name: param(p) for name, p in gates.items()}
     for slot in blending_slots(env.model):
         signature[slot.slot_id] = (BLENDS, seed(slot))
@@ -297,7 +332,12 @@ class StackedGroup:
     the members afresh.
     """
 
-    def __init__(self, envs: Sequence[GrowingHost], accs: Sequence[EnvAccumulator]) -> None:
+    def __init__(
+        self,
+        envs: Sequence[GrowingHost],
+        accs: Sequence[EnvAccumulator],
+        views: Sequence[EnvView] | None = None,
+    ) -> None:
         if len(envs) < MIN_GROUP or len(envs) != len(accs):
             raise ValueError(
                 f"a stacked group needs at least {MIN_GROUP} envs and one accumulator each, "
@@ -305,7 +345,8 @@ class StackedGroup:
             )
         self.envs = list(envs)
         self.accs = list(accs)
-        signatures = [_optional_signature(env) for env in self.envs]
+        views = views or [EnvView.of(env) for env in self.envs]
+        signatures = [_optional_signature(env, view) for env, view in zip(envs, views, strict=True)]
         every = {name for signature in signatures for name in signature}
         #: The member whose model runs every member's forward: one with every gate and
         #: seed in TRAINING that any member has.
@@ -317,13 +358,14 @@ class StackedGroup:
             )
         leader = self.envs[self._lead]
         self.template = leader.model
-        names = {id(p): name for name, p in self.template.named_parameters()}
+        lead_view = views[self._lead]
+        names = {id(p): name for name, p in lead_view.named[0].items()}
         #: Per env, the parameters and buffers its step uses, by name: the same names for
         #: every member, but for the optional ones it lacks (an idle seed's are left out,
         #: and with them the template's, whose own tensors ``functional_call`` keeps but
         #: the forward does not run).
-        trained = [trained_tensors(env.model) for env in self.envs]
-        optional = [optional_tensors(env.model) for env in self.envs]
+        trained = [trained_tensors(e.model, v.named) for e, v in zip(envs, views, strict=True)]
+        optional = [optional_tensors(e.model, v.named) for e, v in zip(envs, views, strict=True)]
         self._params = [t[0] | o[0] for t, o in zip(trained, optional, strict=True)]
         self._buffers = [t[1] | o[1] for t, o in zip(trained, optional, strict=True)]
         #: The names some member lacks: their rows are zeros there, never written back.
@@ -334,19 +376,19 @@ class StackedGroup:
         self._optional = set.union(*names_of) - set.intersection(*names_of)
         #: The gates some member lacks, in the template's order: run as 1 on its row.
         self._partial_gates = [
-            name for name in gate_tensors(self.template) if name in self._optional
+            name for name in gate_tensors(self.template, lead_view.named) if name in self._optional
         ]
         #: Per seed some member lacks, by the name of the buffer its slot scales it by (a
         #: seed blending in: its alpha, in both passes; in TRAINING: its incubation scale,
         #: in the incubation pass), the name of one of its parameters: the scale is run as
         #: 0 on the rows of the members without that parameter.
         self._partial_alphas = self._partial_seeds(
-            blending_slots(self.template), lambda slot: slot.alpha_tensor
+            lead_view, blending_slots(self.template), lambda slot: slot.alpha_tensor
         )
         self._partial_incubations = self._partial_seeds(
-            incubating_slots(self.template), lambda slot: slot.incubation_tensor
+            lead_view, incubating_slots(self.template), lambda slot: slot.incubation_tensor
         )
-        settings = _optimizer_settings(leader)
+        settings = lead_view.settings
         #: Parameter names by (lr, momentum, weight decay): one SGD group each.
         self._sgd_groups: dict[tuple[float, float, float], list[str]] = {}
         for name, p in self._params[self._lead].items():
@@ -357,8 +399,8 @@ class StackedGroup:
         #: its momentum buffer lives. Only those: a member's idle seed can bear the name of
         #: the template's incubating one, and must get no state from its row.
         self._owners = [
-            {name: owner for name, owner in _owners_by_name(env).items() if name in params}
-            for env, params in zip(self.envs, self._params, strict=True)
+            {name: owner for name, owner in _owners_by_name(e, v).items() if name in params}
+            for e, v, params in zip(self.envs, views, self._params, strict=True)
         ]
         #: The slots whose seed the step trains: each member's own optimizer holds them.
         trained_slots = _trained_slots(leader)
@@ -383,14 +425,12 @@ class StackedGroup:
         incubating = incubating_slots(self.template)
         self._incubating = incubating
         incubating_ids = {id(p) for slot in incubating for p in slot.seed_parameters()}
-        self._incubating_names = {
-            names[id(p)] for p in self.template.parameters() if id(p) in incubating_ids
-        }
+        self._incubating_names = {names[i] for i in incubating_ids}
         seed_buffer_ids = {
             id(b) for slot in incubating if slot.seed is not None for b in slot.seed.buffers()
         }
         self._incubating_buffers = {
-            name for name, b in self.template.named_buffers() if id(b) in seed_buffer_ids
+            name for name, b in lead_view.named[1].items() if id(b) in seed_buffer_ids
         }
         self._forward = vmap(_forward_loss(self.template), randomness="different")
         self._stacked: _Stacked | None = None
@@ -400,12 +440,12 @@ class StackedGroup:
         return len(self.envs)
 
     def _partial_seeds(
-        self, slots: Sequence[SeedSlot], scale_of: Callable[[SeedSlot], Tensor]
+        self, template: EnvView, slots: Sequence[SeedSlot], scale_of: Callable[[SeedSlot], Tensor]
     ) -> dict[str, str]:
         """For each of the template's ``slots`` whose seed some member lacks: the name of
         the buffer ``scale_of(slot)``, and of the seed's first parameter."""
-        params = {id(p): name for name, p in self.template.named_parameters()}
-        buffers = {id(b): name for name, b in self.template.named_buffers()}
+        params = {id(p): name for name, p in template.named[0].items()}
+        buffers = {id(b): name for name, b in template.named[1].items()}
         partial = {}
         for slot in slots:
             assert slot.seed is not None  # blending_slots and incubating_slots list seeds
@@ -700,14 +740,16 @@ def _with_missing(
     return params, buffers
 
 
-def _owners_by_name(env: GrowingHost) -> dict[str, tuple[torch.optim.Optimizer, Tensor]]:
+def _owners_by_name(
+    env: GrowingHost, view: EnvView
+) -> dict[str, tuple[torch.optim.Optimizer, Tensor]]:
     """Each parameter's optimizer, and the parameter, by its name in the host."""
     owners: dict[int, torch.optim.Optimizer] = {}
     for optimizer in env.optimizers():
         for group in optimizer.param_groups:
             for p in group["params"]:
                 owners[id(p)] = optimizer
-    return {name: (owners[id(p)], p) for name, p in env.model.named_parameters() if id(p) in owners}
+    return {name: (owners[id(p)], p) for name, p in view.named[0].items() if id(p) in owners}
 
 
 def _momentum_of(optimizer: torch.optim.Optimizer, param: Tensor) -> Tensor | None:
