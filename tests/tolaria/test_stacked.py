@@ -20,6 +20,7 @@ from esper.contracts import BlendMode, SeedStage
 from esper.contracts.config_errors import ConfigError
 from esper.host_reads import HostReadCounter
 from esper.kasmina import CNNHost, GrowingHost, TransformerHost
+from esper.kasmina.hosts.base import HostModel
 from esper.kasmina.sgd import MOMENTUM_BUFFER
 from esper.mdp.env_config import EnvConfig
 from esper.tolaria import stacked as stacked_module
@@ -68,6 +69,25 @@ def two_pairs() -> list[GrowingHost]:
     depthwise seed there."""
     made = cnn_envs()
     return made[4:8]
+
+
+#: Per env, its seeds: (slot, blueprint, blend mode, stage).
+Plan = list[list[tuple[str, str, BlendMode, SeedStage]]]
+
+
+def planted(plan: Plan, host: Callable[[], HostModel] | None = None) -> list[GrowingHost]:
+    """One env per entry of ``plan`` (random state seeded alike), each seed planted and
+    brought to its stage; hosts from ``host`` (default the CNN of these tests)."""
+    torch.manual_seed(0)
+    made = [
+        GrowingHost(CNNHost(channels=(8, 16), lifecycle=FAST) if host is None else host())
+        for _ in plan
+    ]
+    for env, seeds in zip(made, plan, strict=True):
+        for slot_id, blueprint, mode, stage in seeds:
+            env.germinate(slot_id, blueprint, mode)
+            to_stage(env, slot_id, stage)
+    return made
 
 
 def assert_close_results(a: EpochResult, b: EpochResult) -> None:
@@ -180,19 +200,29 @@ def test_a_seed_just_planted_gets_no_optimizer_state_from_a_stacked_epoch() -> N
         assert not env.seed_optimizers["stage1"].state_dict()["state"]
 
 
-def test_a_seed_just_planted_where_the_template_incubates_one_gets_no_state() -> None:
-    """Env 0 has just planted the seed env 1 incubates, in the same slot: its idle seed's
-    parameters bear the names of the group's incubating rows, which must not leave it a
-    momentum buffer (the per-env path gives it none)."""
+def planted_beside(stage: SeedStage) -> Callable[[], list[GrowingHost]]:
+    """Two envs with a conv_light seed in stage1: env 0's just planted (GERMINATED, idle),
+    env 1's in ``stage``. The idle seed's parameters bear the names of the rows the group
+    runs for env 1's."""
 
     def envs() -> list[GrowingHost]:
         torch.manual_seed(0)
         made = [GrowingHost(CNNHost(channels=(8, 16), lifecycle=FAST)) for _ in range(2)]
         for env in made:
             env.germinate("stage1", "conv_light", BlendMode.LINEAR)
-        to_stage(made[1], "stage1", SeedStage.TRAINING)
+        to_stage(made[1], "stage1", stage)
         return made
 
+    return envs
+
+
+@pytest.mark.parametrize("stage", [SeedStage.TRAINING, SeedStage.BLENDING])
+def test_a_seed_just_planted_where_the_template_trains_one_gets_no_state(
+    stage: SeedStage,
+) -> None:
+    """The template's rows in the idle seed's place must not leave it a momentum buffer
+    (the per-env path gives it none)."""
+    envs = planted_beside(stage)
     assert stack_groups(envs()) == ([[0, 1]], [])
     _, stacked = run_both(envs, image_loaders(n_train=64, batch=16), epochs=1)
     assert not stacked[0].seed_optimizers["stage1"].state_dict()["state"]
@@ -258,8 +288,7 @@ def envs_with_and_without_gates() -> list[GrowingHost]:
     seed in stage0, env 4 gated; envs 5-6 have fossilized a conv_light seed in stage1,
     env 5 gated; envs 7-8 blend a widening in stage1, env 8 gated; envs 9-10 blend
     conv_light seeds in both slots, env 9 gated in stage0 only, env 10 in stage1 only."""
-    torch.manual_seed(0)
-    plan = [
+    plan: Plan = [
         [("stage1", "conv_light", BlendMode.LINEAR, SeedStage.BLENDING)],
         [("stage1", "conv_light", BlendMode.GATED, SeedStage.BLENDING)],
         [("stage1", "conv_light", BlendMode.SIGMOID, SeedStage.BLENDING)],
@@ -278,12 +307,7 @@ def envs_with_and_without_gates() -> list[GrowingHost]:
             ("stage1", "conv_light", BlendMode.GATED, SeedStage.BLENDING),
         ],
     ]
-    made = [GrowingHost(CNNHost(channels=(8, 16), lifecycle=FAST)) for _ in plan]
-    for env, seeds in zip(made, plan, strict=True):
-        for slot_id, blueprint, mode, stage in seeds:
-            env.germinate(slot_id, blueprint, mode)
-            to_stage(env, slot_id, stage)
-    return made
+    return planted(plan)
 
 
 def test_envs_with_and_without_a_gate_group_where_one_member_has_every_gate() -> None:
@@ -332,8 +356,7 @@ def envs_with_seeds_blending_in() -> list[GrowingHost]:
     plain; 1 a conv_light seed in stage0; 2 the same and a gated widening in stage1; 3 a
     widening in stage1, holding; 4 and 5 a depthwise seed in stage0; 6 a widening
     incubating in stage1."""
-    torch.manual_seed(0)
-    plan = [
+    plan: Plan = [
         [],
         [("stage0", "conv_light", BlendMode.LINEAR, SeedStage.BLENDING)],
         [
@@ -345,12 +368,7 @@ def envs_with_seeds_blending_in() -> list[GrowingHost]:
         [("stage0", "depthwise", BlendMode.SIGMOID, SeedStage.HOLDING)],
         [("stage1", "widen", BlendMode.LINEAR, SeedStage.TRAINING)],
     ]
-    made = [GrowingHost(CNNHost(channels=(8, 16), lifecycle=FAST)) for _ in plan]
-    for env, seeds in zip(made, plan, strict=True):
-        for slot_id, blueprint, mode, stage in seeds:
-            env.germinate(slot_id, blueprint, mode)
-            to_stage(env, slot_id, stage)
-    return made
+    return planted(plan)
 
 
 def test_envs_with_seeds_blending_in_at_other_slots_group_under_one_that_has_them_all() -> None:
@@ -377,7 +395,7 @@ def test_transformer_envs_with_seeds_blending_in_at_other_blocks_equal_the_per_e
 ) -> None:
     """Env 0 plain; 1 attention blending in block0; 2 the same and a gated widening in
     block1 (the template); 3 that widening, holding: one group, as alone."""
-    plan = [
+    plan: Plan = [
         [],
         [("block0", "attention", BlendMode.LINEAR, SeedStage.BLENDING)],
         [
@@ -388,13 +406,7 @@ def test_transformer_envs_with_seeds_blending_in_at_other_blocks_equal_the_per_e
     ]
 
     def envs() -> list[GrowingHost]:
-        torch.manual_seed(0)
-        made = [GrowingHost(TransformerHost(seq_len=12, d_model=32, lifecycle=FAST)) for _ in plan]
-        for env, seeds in zip(made, plan, strict=True):
-            for slot_id, blueprint, mode, stage in seeds:
-                env.germinate(slot_id, blueprint, mode)
-                to_stage(env, slot_id, stage)
-        return made
+        return planted(plan, lambda: TransformerHost(seq_len=12, d_model=32, lifecycle=FAST))
 
     assert stack_groups(envs()) == ([[0, 1, 2, 3]], [])
     steps = count_stacked_steps(monkeypatch)
@@ -406,18 +418,7 @@ def test_a_seed_just_planted_where_the_template_blends_one_keeps_its_flags() -> 
     """Env 0 has just planted a seed in the slot where env 1 blends one in. A non-finite
     input to env 0 makes its loss non-finite, and its rows of env 1's seed with it; its
     own seed, which no pass ran, flags nothing."""
-
-    def envs() -> list[GrowingHost]:
-        torch.manual_seed(0)
-        made = [GrowingHost(CNNHost(channels=(8, 16), lifecycle=FAST)) for _ in range(2)]
-        for env in made:
-            env.germinate("stage1", "conv_light", BlendMode.LINEAR)
-        to_stage(made[1], "stage1", SeedStage.BLENDING)
-        return made
-
-    assert stack_groups(envs()) == ([[0, 1]], [])
-    run_both(envs, image_loaders(n_train=64, batch=16))
-    group, accs = one_step_with_an_inf(envs(), row=0)
+    group, accs = one_step_with_an_inf(planted_beside(SeedStage.BLENDING)(), row=0)
     assert group.template is group.envs[1].model
     assert accs[0].seed_grads_finite().tolist() == [True, True]
     assert accs[1].seed_grads_finite().tolist() == [True, True]
