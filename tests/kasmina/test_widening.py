@@ -304,6 +304,28 @@ def test_the_widen_blueprint_counts_exactly_what_it_builds_on_any_cnn_slot(
         assert bp.param_count(slot.shape) == sum(p.numel() for p in module.parameters())
 
 
+@pytest.mark.parametrize("fork", [None, 2])
+def test_a_widening_apart_gives_the_channels_it_would_concatenate(fork: int | None) -> None:
+    """``apart=True`` hands a CONCAT widening's channels back on their own, which the CNN
+    host pools and feeds to their consumer without concatenating; joined, they are what
+    the slot returns otherwise, in a counterfactual fork too (the fork's own replica with
+    the new channels at zero)."""
+    env = GrowingHost(_cnn(convs=2))
+    env.germinate("stage1", "widen", BlendMode.GATED)
+    _to(env, "stage1", SeedStage.BLENDING)
+    slot = env.model.slot("stage1")
+    torch.manual_seed(1)
+    rows = 4 if fork is None else 4 * fork
+    h, context = torch.randn(rows, 4, 4, 4), torch.randn(rows, 2, 4, 4)
+    slot.set_counterfactual_fork(fork)
+    joined = slot(h, context)
+    out, extra = slot(h, context, apart=True)
+    slot.set_counterfactual_fork(None)
+    assert extra is not None and torch.equal(torch.cat([out, extra], dim=1), joined)
+    if fork is not None:
+        assert torch.equal(extra[-rows // fork :], torch.zeros_like(extra[: rows // fork]))
+
+
 def test_a_widening_without_context_is_refused_with_the_fix() -> None:
     model = _cnn()
     env = GrowingHost(model)

@@ -204,14 +204,28 @@ class SeedSlot(nn.Module):
         self._alpha_t.fill_(self.alpha)  # a host-to-device fill, never a read
 
     # --------------------------------------------------------------- forward
-    def forward(self, h: Tensor, context: Tensor | None = None) -> Tensor:
+    def forward(
+        self, h: Tensor, context: Tensor | None = None, apart: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor | None]:
         """The slot's output from the host's activation ``h``; ``context`` is what a
         widening seed reads (the stage's input, the MLP's input), None where the host
-        offers none."""
+        offers none.
+
+        With ``apart``, ``(h_out, extra)``: the new channels a CONCAT widening puts beside
+        ``h`` come back on their own (None where there are none) instead of concatenated,
+        so that a host that pools them and hands them to their consumer anyway does not
+        concatenate and split them again (on the CPU, those copies and the split's
+        backward cost more than the widening's own convolution)."""
+        out, extra = self._forward_apart(h, context)
+        if apart:
+            return out, extra
+        return out if extra is None else torch.cat([out, extra], dim=1)
+
+    def _forward_apart(self, h: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor | None]:
         seed = self.seed
         stage = self.stage
         if seed is None:
-            return h
+            return h, None
         source = h
         if isinstance(seed, Widening):
             if context is None:
@@ -222,29 +236,31 @@ class SeedSlot(nn.Module):
             source = context
         if stage is SeedStage.GERMINATED or stage is SeedStage.TRAINING:
             if not self.incubating:
-                return h  # alpha 0: the host trains alone; the seed learns in incubation
+                return h, None  # alpha 0: the host trains alone; the seed learns in incubation
             # A seed-only pass: incubation (TRAINING), or choosing a widening's units.
             return self._join(h, self._incubation_t * seed(source.detach()))
         delta = seed(source if stage is SeedStage.FOSSILIZED else source.detach())
         if self.gate is not None:
             delta = self.gate(delta)
-        out = self._join(h, self._alpha_t * delta)
+        out, extra = self._join(h, self._alpha_t * delta)
         live = self._cf_fork
         if live is None:
-            return out
+            return out, extra
         # Counterfactual pass: ``h`` stacks ``live`` replicas of the batch, which differ only
         # by the seeds switched off upstream. Every replica keeps this seed; one more, replica
-        # 0's input without it, is appended. Until the first such slot the replicas would be
-        # identical, so the host runs that prefix once.
+        # 0's input without it, is appended (a widening's new channels zero there). Until
+        # the first such slot the replicas would be identical, so the host runs that prefix
+        # once.
         n = h.shape[0] // live
-        if isinstance(seed, Widening) and seed.join == CONCAT:
-            return torch.cat([out, self._join(h[:n], torch.zeros_like(delta[:n]))])
-        return torch.cat([out, h[:n]])
+        if extra is not None:
+            extra = torch.cat([extra, torch.zeros_like(extra[:n])])
+        return torch.cat([out, h[:n]]), extra
 
-    def _join(self, h: Tensor, delta: Tensor) -> Tensor:
+    def _join(self, h: Tensor, delta: Tensor) -> tuple[Tensor, Tensor | None]:
+        """``h`` and the seed's ``delta``: beside it (a CONCAT widening), or added."""
         if isinstance(self.seed, Widening) and self.seed.join == CONCAT:
-            return torch.cat([h, delta], dim=1)
-        return h + delta
+            return h, delta
+        return h + delta, None
 
     def set_counterfactual_fork(self, live: int | None) -> None:
         """Fork a counterfactual replica here: ``live`` replicas arrive (None to clear).

@@ -7,8 +7,9 @@ layers around the slot instead:
 * on a CNN slot, ``units`` more output channels for every convolution of the stage
   before it (:class:`ConvWidening`), read by the layer after it (the next stage's first
   convolution, or the head). The new channels travel beside the stage's output
-  (``[h, alpha * e]`` along channels) through the slot and the pooling, and the
-  consumer reads them through the seed's own weights;
+  (``[h, alpha * e]`` along channels; the CNN host keeps them as a tensor of their own)
+  through the slot and the pooling, and the consumer reads them through the seed's own
+  weights;
 * on a Transformer slot, ``units`` more hidden units of the block's MLP
   (:class:`MLPWidening`), which add into the residual stream as the MLP's own units do.
 

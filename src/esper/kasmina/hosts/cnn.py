@@ -232,29 +232,28 @@ class CNNHost(HostModel):
 
     def forward_from_slot(self, index: int, h: Tensor, context: Tensor | None = None) -> Tensor:
         """Slot ``i``'s context is stage ``i``'s input. A widening seed's new channels
-        leave its slot beside ``h`` and reach the next stage, or the head, through the
-        seed's own weights (:meth:`_consumed`)."""
+        leave its slot beside ``h``, are pooled as ``h`` is, and reach the next stage, or
+        the head, through the seed's own weights (:meth:`SeedSlot.consume`)."""
         slots = list(self.slots.values())
+        extra: Tensor | None = None
         for i in range(index, len(slots)):
             if i > index:
                 context = h
-                stage = self.stages[i]
-                host, extra = self._split(h, stage.in_channels)
-                h = stage(host, None if extra is None else slots[i - 1].consume(extra))
-            h = slots[i](h, context)
+                consumed = None if extra is None else slots[i - 1].consume(extra)
+                h = self.stages[i](h, consumed)
+            h, extra = slots[i](h, context, apart=True)
             if self.pools[i]:
-                h = F.max_pool2d(h, POOL) if self._mapped else max_pool_2x2(h)
-        features = torch.flatten(F.adaptive_avg_pool2d(h, 1), 1)
-        host, extra = self._split(features, self.head.in_features)
-        logits = self.head(host)
-        return logits if extra is None else logits + slots[-1].consume(extra)
+                h = self._pool(h)
+                extra = None if extra is None else self._pool(extra)
+        logits = self.head(self._features(h))
+        return logits if extra is None else logits + slots[-1].consume(self._features(extra))
+
+    def _pool(self, h: Tensor) -> Tensor:
+        return F.max_pool2d(h, POOL) if self._mapped else max_pool_2x2(h)
 
     @staticmethod
-    def _split(h: Tensor, channels: int) -> tuple[Tensor, Tensor | None]:
-        """The host's own channels of ``h`` and, if any, a widening seed's beside them."""
-        if h.shape[1] == channels:
-            return h, None
-        return h[:, :channels], h[:, channels:]
+    def _features(h: Tensor) -> Tensor:
+        return torch.flatten(F.adaptive_avg_pool2d(h, 1), 1)
 
     # ------------------------------------------------------------------ widening
     def widening_merges(self, slot_id: str) -> list[TensorMerge]:
