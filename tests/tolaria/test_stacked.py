@@ -485,6 +485,34 @@ def test_a_plain_member_of_an_incubating_group_keeps_its_own_flags() -> None:
     assert not bool(accs[0].loss_finite) and bool(accs[1].loss_finite)
 
 
+def test_the_incubation_pass_scales_only_the_seeds_some_member_lacks() -> None:
+    """Env 6 incubates in both slots, env 1 in stage1 only: the group's incubation pass
+    scales the stage0 seed (0 on env 1's row) and adds the stage1 seed as it is; a step
+    on its own (the per-env path) scales neither."""
+    envs = envs_with_incubating_seeds()
+    pair = [envs[1], envs[6]]
+    for env in pair:
+        env.model.train()
+    group = StackedGroup(pair, accumulators(pair))
+    seen: dict[str, list[bool]] = {"stage0": [], "stage1": []}
+    for slot_id, record in seen.items():
+        slot = group.template.slot(slot_id)
+        slot.register_forward_pre_hook(
+            lambda module, args, record=record: (
+                record.append(module.scale_incubation) if module.incubating else None
+            )
+        )
+    x, y = torch.randn(2, 5, 1, 8, 8), torch.randint(0, 10, (2, 5))
+    with torch.enable_grad():
+        group.step(x, y)
+    assert seen == {"stage0": [True], "stage1": [False]}
+    assert not group.template.slot("stage0").scale_incubation  # put back after the pass
+    group.write_back()
+    train, val = image_loaders(n_train=8, batch=8)
+    run_epoch([envs[6]], train, val, PER_ENV)
+    assert seen == {"stage0": [True, False], "stage1": [False, False]}
+
+
 def test_groups_of_envs_apart_train_on_their_own_shares(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -50,15 +50,20 @@ def incubating_slots(model: HostModel) -> list[SeedSlot]:
 
 
 @contextmanager
-def seeds_incubating(slots: Sequence[SeedSlot]) -> Iterator[None]:
-    """Within the block, each of ``slots`` adds its TRAINING seed at alpha 1."""
+def seeds_incubating(slots: Sequence[SeedSlot], scaled: Sequence[SeedSlot] = ()) -> Iterator[None]:
+    """Within the block, each of ``slots`` adds its TRAINING seed at alpha 1, those of
+    ``scaled`` multiplied by their ``incubation_tensor`` (the stacked engine's)."""
     for slot in slots:
         slot.incubating = True
+    for slot in scaled:
+        slot.scale_incubation = True
     try:
         yield
     finally:
         for slot in slots:
             slot.incubating = False
+        for slot in scaled:
+            slot.scale_incubation = False
 
 
 @dataclass

@@ -60,14 +60,18 @@ class SeedSlot(nn.Module):
         # Alpha as a device scalar, refreshed by every lifecycle op: forward multiplies by a
         # tensor, so a compiled forward does not recompile each time the ramp moves.
         self.register_buffer("_alpha_t", torch.zeros(()), persistent=False)
-        # What the incubation pass multiplies a TRAINING seed's output by: always 1 here (an
-        # exact no-op); the stacked engine runs it as 0 for the members of a group that do
-        # not have the seed (``esper.tolaria.stacked``).
+        # What the incubation pass multiplies a TRAINING seed's output by where
+        # ``scale_incubation`` asks: always 1 here; the stacked engine runs it as 0 for the
+        # members of a group that do not have the seed (``esper.tolaria.stacked``).
         self.register_buffer("_incubation_t", torch.ones(()), persistent=False)
         # During a counterfactual pass: how many replicas of the batch reach this slot.
         self._cf_fork: int | None = None
         #: Set during the incubation pass: a TRAINING seed then adds its output at alpha 1.
         self.incubating = False
+        #: Set by the stacked engine around its incubation pass: the seed's output is then
+        #: multiplied by :attr:`incubation_tensor`. Off, it is added as it is: multiplying
+        #: by 1 changes no value but costs a full-size tensor a step.
+        self.scale_incubation = False
         #: Parameters a widening seed added to the host's layers when it was merged
         #: (set by ``HostModel.merge_widening``).
         self.merged_params = 0
@@ -89,7 +93,8 @@ class SeedSlot(nn.Module):
 
     @property
     def incubation_tensor(self) -> Tensor:
-        """The device scalar the incubation pass multiplies the seed's output by: 1."""
+        """The device scalar the incubation pass multiplies the seed's output by where
+        :attr:`scale_incubation` is set: 1."""
         return self._incubation_t
 
     @property
@@ -238,7 +243,10 @@ class SeedSlot(nn.Module):
             if not self.incubating:
                 return h, None  # alpha 0: the host trains alone; the seed learns in incubation
             # A seed-only pass: incubation (TRAINING), or choosing a widening's units.
-            return self._join(h, self._incubation_t * seed(source.detach()))
+            delta = seed(source.detach())
+            if self.scale_incubation:
+                delta = self._incubation_t * delta
+            return self._join(h, delta)
         delta = seed(source if stage is SeedStage.FOSSILIZED else source.detach())
         if self.gate is not None:
             delta = self.gate(delta)

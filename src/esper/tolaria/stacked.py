@@ -388,6 +388,13 @@ class StackedGroup:
         self._partial_incubations = self._partial_seeds(
             lead_view, incubating_slots(self.template), lambda slot: slot.incubation_tensor
         )
+        #: The template's slots whose incubation the group scales (by those masks).
+        scales = {
+            id(b) for name, b in lead_view.named[1].items() if name in self._partial_incubations
+        }
+        self._scaled = [
+            slot for slot in incubating_slots(self.template) if id(slot.incubation_tensor) in scales
+        ]
         settings = lead_view.settings
         #: Parameter names by (lr, momentum, weight decay): one SGD group each.
         self._sgd_groups: dict[tuple[float, float, float], list[str]] = {}
@@ -515,7 +522,7 @@ class StackedGroup:
             name: b if name in self._incubating_buffers else b.clone()
             for name, b in stacked.buffers.items()
         }
-        with self.template.mapped(), seeds_incubating(self._incubating), autocast:
+        with self.template.mapped(), seeds_incubating(self._incubating, self._scaled), autocast:
             params, buffers = _with_missing(stacked, params, buffers, incubating=True)
             seed_loss, _ = self._forward(params, buffers, x, y)
         seed_loss.sum().backward()
