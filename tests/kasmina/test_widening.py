@@ -305,11 +305,10 @@ def test_the_widen_blueprint_counts_exactly_what_it_builds_on_any_cnn_slot(
 
 
 @pytest.mark.parametrize("fork", [None, 2])
-def test_a_widening_apart_gives_the_channels_it_would_concatenate(fork: int | None) -> None:
-    """``apart=True`` hands a CONCAT widening's channels back on their own, which the CNN
-    host pools and feeds to their consumer without concatenating; joined, they are what
-    the slot returns otherwise, in a counterfactual fork too (the fork's own replica with
-    the new channels at zero)."""
+def test_a_widening_apart_gives_the_parts_it_would_concatenate(fork: int | None) -> None:
+    """``apart=True`` hands a CONCAT widening's channels, and in a counterfactual fork
+    the replica the slot appends, back on their own (the CNN host pools them before it
+    joins them); joined, they are what the slot returns otherwise."""
     env = GrowingHost(_cnn(convs=2))
     env.germinate("stage1", "widen", BlendMode.GATED)
     _to(env, "stage1", SeedStage.BLENDING)
@@ -319,11 +318,15 @@ def test_a_widening_apart_gives_the_channels_it_would_concatenate(fork: int | No
     h, context = torch.randn(rows, 4, 4, 4), torch.randn(rows, 2, 4, 4)
     slot.set_counterfactual_fork(fork)
     joined = slot(h, context)
-    out, extra = slot(h, context, apart=True)
+    parts = slot(h, context, apart=True)
     slot.set_counterfactual_fork(None)
-    assert extra is not None and torch.equal(torch.cat([out, extra], dim=1), joined)
-    if fork is not None:
-        assert torch.equal(extra[-rows // fork :], torch.zeros_like(extra[: rows // fork]))
+    assert parts.extra is not None and torch.equal(parts.joined(), joined)
+    if fork is None:
+        assert parts.replica is None
+    else:
+        assert parts.replica is not None and torch.equal(parts.replica, h[: rows // fork])
+        _, extra = parts.rows_joined()
+        assert extra is not None and not extra[rows:].any()  # the replica's new channels
 
 
 def test_a_widening_without_context_is_refused_with_the_fix() -> None:

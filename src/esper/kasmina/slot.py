@@ -16,6 +16,7 @@ host, so it leaves TRAINING as a fitted residual.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -28,6 +29,35 @@ from esper.kasmina.widening import CONCAT, Widening
 #: A GATED seed's per-channel gate starts at sigmoid(GATE_INIT_LOGIT) ~ 0.95: almost open,
 #: so blending proceeds as scheduled unless the seed learns to shut channels.
 GATE_INIT_LOGIT = 3.0
+
+
+class SlotOutput(NamedTuple):
+    """A slot's output in parts (``SeedSlot.forward(..., apart=True)``).
+
+    ``out``: the host's activation with the seed applied. ``extra``: the new channels a
+    CONCAT widening puts beside it, or None. ``replica``: in a counterfactual pass, the
+    replica the slot appends after ``out``'s rows (replica 0's input without the seed;
+    ``extra`` is zero on its rows), or None. Rows and channels are per sample and per
+    channel, so a host may pool each part before it joins them.
+    """
+
+    out: Tensor
+    extra: Tensor | None = None
+    replica: Tensor | None = None
+
+    def rows_joined(self) -> tuple[Tensor, Tensor | None]:
+        """``(out, extra)`` with the replica appended along rows (``extra`` zero there)."""
+        out, extra = self.out, self.extra
+        if self.replica is not None:
+            if extra is not None:
+                extra = torch.cat([extra, torch.zeros_like(extra[: self.replica.shape[0]])])
+            out = torch.cat([out, self.replica])
+        return out, extra
+
+    def joined(self) -> Tensor:
+        """The parts as one tensor: replicas along rows, new channels along dim 1."""
+        out, extra = self.rows_joined()
+        return out if extra is None else torch.cat([out, extra], dim=1)
 
 
 class ChannelGate(nn.Module):
@@ -211,26 +241,25 @@ class SeedSlot(nn.Module):
     # --------------------------------------------------------------- forward
     def forward(
         self, h: Tensor, context: Tensor | None = None, apart: bool = False
-    ) -> Tensor | tuple[Tensor, Tensor | None]:
+    ) -> Tensor | SlotOutput:
         """The slot's output from the host's activation ``h``; ``context`` is what a
         widening seed reads (the stage's input, the MLP's input), None where the host
         offers none.
 
-        With ``apart``, ``(h_out, extra)``: the new channels a CONCAT widening puts beside
-        ``h`` come back on their own (None where there are none) instead of concatenated,
-        so that a host that pools them and hands them to their consumer anyway does not
-        concatenate and split them again (on the CPU, those copies and the split's
-        backward cost more than the widening's own convolution)."""
-        out, extra = self._forward_apart(h, context)
-        if apart:
-            return out, extra
-        return out if extra is None else torch.cat([out, extra], dim=1)
+        With ``apart``, a :class:`SlotOutput`: a CONCAT widening's new channels, and in a
+        counterfactual pass the replica this slot appends, come back on their own instead
+        of concatenated, so that a host that pools them first and concatenates after
+        (:class:`~esper.kasmina.hosts.cnn.CNNHost`) copies a quarter as much, and never
+        splits the new channels off again (on the CPU those copies, the split's backward
+        and their page faults cost more than the widening's own convolution)."""
+        parts = self._forward_apart(h, context)
+        return parts if apart else parts.joined()
 
-    def _forward_apart(self, h: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    def _forward_apart(self, h: Tensor, context: Tensor | None) -> SlotOutput:
         seed = self.seed
         stage = self.stage
         if seed is None:
-            return h, None
+            return SlotOutput(h)
         source = h
         if isinstance(seed, Widening):
             if context is None:
@@ -241,7 +270,9 @@ class SeedSlot(nn.Module):
             source = context
         if stage is SeedStage.GERMINATED or stage is SeedStage.TRAINING:
             if not self.incubating:
-                return h, None  # alpha 0: the host trains alone; the seed learns in incubation
+                return SlotOutput(
+                    h
+                )  # alpha 0: the host trains alone; the seed learns in incubation
             # A seed-only pass: incubation (TRAINING), or choosing a widening's units.
             delta = seed(source.detach())
             if self.scale_incubation:
@@ -250,25 +281,22 @@ class SeedSlot(nn.Module):
         delta = seed(source if stage is SeedStage.FOSSILIZED else source.detach())
         if self.gate is not None:
             delta = self.gate(delta)
-        out, extra = self._join(h, self._alpha_t * delta)
+        out = self._join(h, self._alpha_t * delta)
         live = self._cf_fork
         if live is None:
-            return out, extra
+            return out
         # Counterfactual pass: ``h`` stacks ``live`` replicas of the batch, which differ only
         # by the seeds switched off upstream. Every replica keeps this seed; one more, replica
         # 0's input without it, is appended (a widening's new channels zero there). Until
         # the first such slot the replicas would be identical, so the host runs that prefix
         # once.
-        n = h.shape[0] // live
-        if extra is not None:
-            extra = torch.cat([extra, torch.zeros_like(extra[:n])])
-        return torch.cat([out, h[:n]]), extra
+        return out._replace(replica=h[: h.shape[0] // live])
 
-    def _join(self, h: Tensor, delta: Tensor) -> tuple[Tensor, Tensor | None]:
+    def _join(self, h: Tensor, delta: Tensor) -> SlotOutput:
         """``h`` and the seed's ``delta``: beside it (a CONCAT widening), or added."""
         if isinstance(self.seed, Widening) and self.seed.join == CONCAT:
-            return h, delta
-        return h + delta, None
+            return SlotOutput(h, extra=delta)
+        return SlotOutput(h + delta)
 
     def set_counterfactual_fork(self, live: int | None) -> None:
         """Fork a counterfactual replica here: ``live`` replicas arrive (None to clear).

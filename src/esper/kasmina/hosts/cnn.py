@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from esper.kasmina.blueprints import SlotShape
 from esper.kasmina.hosts.base import HostModel, check_widening_factor, integer_roundings
 from esper.kasmina.lifecycle import LifecycleConfig
-from esper.kasmina.slot import SeedSlot
+from esper.kasmina.slot import SeedSlot, SlotOutput
 from esper.kasmina.widening import (
     KERNEL,
     LINEAR_AREA,
@@ -241,10 +241,10 @@ class CNNHost(HostModel):
                 context = h
                 consumed = None if extra is None else slots[i - 1].consume(extra)
                 h = self.stages[i](h, consumed)
-            h, extra = slots[i](h, context, apart=True)
-            if self.pools[i]:
-                h = self._pool(h)
-                extra = None if extra is None else self._pool(extra)
+            parts = slots[i](h, context, apart=True)
+            if self.pools[i]:  # per sample and channel: pooled apart, joined after
+                parts = SlotOutput(*(None if t is None else self._pool(t) for t in parts))
+            h, extra = parts.rows_joined()
         logits = self.head(self._features(h))
         return logits if extra is None else logits + slots[-1].consume(self._features(extra))
 
