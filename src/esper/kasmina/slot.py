@@ -251,7 +251,8 @@ class SeedSlot(nn.Module):
         of concatenated, so that a host that pools them first and concatenates after
         (:class:`~esper.kasmina.hosts.cnn.CNNHost`) copies a quarter as much, and never
         splits the new channels off again (on the CPU those copies, the split's backward
-        and their page faults cost more than the widening's own convolution)."""
+        and their page faults took about a fifth of a training step of the predecessor's
+        host with a widening in every stage, under torch's profiler)."""
         parts = self._forward_apart(h, context)
         return parts if apart else parts.joined()
 
