@@ -37,8 +37,8 @@ class SlotOutput(NamedTuple):
     ``out``: the host's activation with the seed applied. ``extra``: the new channels a
     CONCAT widening puts beside it, or None. ``replica``: in a counterfactual pass, the
     replica the slot appends after ``out``'s rows (replica 0's input without the seed;
-    ``extra`` is zero on its rows), or None. Rows and channels are per sample and per
-    channel, so a host may pool each part before it joins them.
+    ``extra`` is zero on its rows), or None. Pooling works per sample and per channel,
+    so a host may pool each part before it joins them.
     """
 
     out: Tensor
@@ -271,9 +271,8 @@ class SeedSlot(nn.Module):
             source = context
         if stage is SeedStage.GERMINATED or stage is SeedStage.TRAINING:
             if not self.incubating:
-                return SlotOutput(
-                    h
-                )  # alpha 0: the host trains alone; the seed learns in incubation
+                # alpha 0: the host trains alone; the seed learns in incubation
+                return SlotOutput(h)
             # A seed-only pass: incubation (TRAINING), or choosing a widening's units.
             delta = seed(source.detach())
             if self.scale_incubation:
