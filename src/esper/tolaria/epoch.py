@@ -262,8 +262,12 @@ def _train_batches(
     with the batch it failed on: the failed step leaves the group as it found it
     (``StackedGroup.step``), so that batch counts once.
     """
-    views = [EnvView.of(env) for env in envs] if stacked else []
-    members, alone = stack_groups(envs, views) if stacked else ([], list(range(len(envs))))
+    members: list[list[int]] = []
+    alone = list(range(len(envs)))
+    views: list[EnvView] = []
+    if stacked:
+        views = [EnvView.of(env) for env in envs]  # one walk of each host, for both
+        members, alone = stack_groups(envs, views)
     groups = [
         StackedGroup([envs[i] for i in g], [accs[i] for i in g], [views[i] for i in g])
         for g in members

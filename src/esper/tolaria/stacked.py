@@ -378,23 +378,30 @@ class StackedGroup:
         self._partial_gates = [
             name for name in gate_tensors(self.template, lead_view.named) if name in self._optional
         ]
+        buffer_names = {id(b): name for name, b in lead_view.named[1].items()}
+        incubating = incubating_slots(self.template)
+
+        def first_param(slot: SeedSlot) -> str | None:
+            assert slot.seed is not None  # blending_slots and incubating_slots list seeds
+            return next((names[id(p)] for p in slot.seed.parameters()), None)
+
+        def lacked(slots: Sequence[SeedSlot]) -> list[SeedSlot]:
+            return [slot for slot in slots if first_param(slot) in self._optional]
+
+        #: The template's slots in TRAINING whose seed some member lacks: their
+        #: incubation is scaled (``SeedSlot.scale_incubation``).
+        self._scaled = lacked(incubating)
         #: Per seed some member lacks, by the name of the buffer its slot scales it by (a
         #: seed blending in: its alpha, in both passes; in TRAINING: its incubation scale,
         #: in the incubation pass), the name of one of its parameters: the scale is run as
         #: 0 on the rows of the members without that parameter.
-        self._partial_alphas = self._partial_seeds(
-            lead_view, blending_slots(self.template), lambda slot: slot.alpha_tensor
-        )
-        self._partial_incubations = self._partial_seeds(
-            lead_view, incubating_slots(self.template), lambda slot: slot.incubation_tensor
-        )
-        #: The template's slots whose incubation the group scales (by those masks).
-        scales = {
-            id(b) for name, b in lead_view.named[1].items() if name in self._partial_incubations
+        self._partial_alphas = {
+            buffer_names[id(slot.alpha_tensor)]: first_param(slot)
+            for slot in lacked(blending_slots(self.template))
         }
-        self._scaled = [
-            slot for slot in incubating_slots(self.template) if id(slot.incubation_tensor) in scales
-        ]
+        self._partial_incubations = {
+            buffer_names[id(slot.incubation_tensor)]: first_param(slot) for slot in self._scaled
+        }
         settings = lead_view.settings
         #: Parameter names by (lr, momentum, weight decay): one SGD group each.
         self._sgd_groups: dict[tuple[float, float, float], list[str]] = {}
@@ -429,15 +436,15 @@ class StackedGroup:
             _flag_spans(acc, trained_slots, [len(n) for n in by_slot], set(_trained_slots(env)))
             for env, acc in zip(self.envs, self.accs, strict=True)
         ]
-        incubating = incubating_slots(self.template)
         self._incubating = incubating
-        incubating_ids = {id(p) for slot in incubating for p in slot.seed_parameters()}
-        self._incubating_names = {names[i] for i in incubating_ids}
-        seed_buffer_ids = {
-            id(b) for slot in incubating if slot.seed is not None for b in slot.seed.buffers()
+        self._incubating_names = {
+            names[id(p)] for slot in incubating for p in slot.seed_parameters()
         }
         self._incubating_buffers = {
-            name for name, b in lead_view.named[1].items() if id(b) in seed_buffer_ids
+            buffer_names[id(b)]
+            for slot in incubating
+            if slot.seed is not None
+            for b in slot.seed.buffers()
         }
         self._forward = vmap(_forward_loss(self.template), randomness="different")
         self._stacked: _Stacked | None = None
@@ -445,21 +452,6 @@ class StackedGroup:
     @property
     def size(self) -> int:
         return len(self.envs)
-
-    def _partial_seeds(
-        self, template: EnvView, slots: Sequence[SeedSlot], scale_of: Callable[[SeedSlot], Tensor]
-    ) -> dict[str, str]:
-        """For each of the template's ``slots`` whose seed some member lacks: the name of
-        the buffer ``scale_of(slot)``, and of the seed's first parameter."""
-        params = {id(p): name for name, p in template.named[0].items()}
-        buffers = {id(b): name for name, b in template.named[1].items()}
-        partial = {}
-        for slot in slots:
-            assert slot.seed is not None  # blending_slots and incubating_slots list seeds
-            seed_names = [params[id(p)] for p in slot.seed.parameters()]
-            if seed_names and seed_names[0] in self._optional:
-                partial[buffers[id(scale_of(slot))]] = seed_names[0]
-        return partial
 
     # ------------------------------------------------------------------ training
     def step(self, x: Tensor, y: Tensor, autocast_dtype: torch.dtype | None = None) -> None:
