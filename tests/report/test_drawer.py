@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,10 @@ import pytest
 import esper.report.timeline as timeline
 from esper.report.drawer import HELPER_NICENESS, BackgroundDrawer, DrawingError, Job
 from esper.report.timeline import render_timeline
+
+#: Between stops of the helper, and how long all its pictures may take while it is stopped.
+STORM_PAUSE_S = 0.004
+STORM_LIMIT_S = 30.0
 
 
 def test_the_helper_draws_the_picture_the_caller_would_and_writes_it(
@@ -97,3 +103,33 @@ def test_the_helper_draws_at_the_lowest_priority(rollout, tmp_path: Path) -> Non
         assert helper == min(os.getpriority(os.PRIO_PROCESS, 0) + HELPER_NICENESS, 19)
     finally:
         drawer.close()
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs POSIX job-control signals")
+def test_pictures_survive_a_helper_stopped_and_continued_mid_answer(
+    rollout, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A profiler attaching (ptrace) or SIGSTOP/SIGCONT interrupts the helper's write of a
+    picture part way; where Python runs unbuffered its stdout is a raw pipe that writes only
+    part, and the rest was lost: the run waited for it for ever."""
+    monkeypatch.setenv("PYTHONUNBUFFERED", "1")  # the raw, short-writing stdout
+    steps, slot_ids = rollout
+    n_pictures = 4
+    drawer = BackgroundDrawer()
+    try:
+        for key in range(n_pictures):
+            drawer.submit(Job(key, steps, 0, slot_ids, tmp_path / f"t{key}.png"))
+        assert drawer._process is not None
+        pid, done, drawn = drawer._process.pid, threading.Event(), []
+        start = time.monotonic()
+        waiter = threading.Thread(target=lambda: (drawn.extend(drawer.wait()), done.set()))
+        waiter.start()
+        while not done.wait(STORM_PAUSE_S):
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(STORM_PAUSE_S / 4)
+            os.kill(pid, signal.SIGCONT)
+            assert time.monotonic() - start < STORM_LIMIT_S, "an answer was lost"
+        waiter.join()
+    finally:
+        drawer.close()
+    assert [d.key for d in drawn] == list(range(n_pictures)), drawn

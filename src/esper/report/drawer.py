@@ -157,9 +157,8 @@ class BackgroundDrawer:
             # ends when its input does (the run closes it, or dies).
             start_new_session=True,
         )
-        assert self._process.stdout is not None
         self._reader = threading.Thread(
-            target=_read_results, args=(self._process.stdout, self._results), daemon=True
+            target=_read_results, args=(self._process, self._results), daemon=True
         )
         self._reader.start()
         self._writer = threading.Thread(target=self._send_jobs, daemon=True)
@@ -187,13 +186,21 @@ class BackgroundDrawer:
             process.stdin.close()
 
 
-def _read_results(stream: BinaryIO, results: SimpleQueue[Drawn | DrawingError]) -> None:
+def _read_results(
+    process: subprocess.Popen[bytes], results: SimpleQueue[Drawn | DrawingError]
+) -> None:
     """Hand each answer of the helper to the queue; its end becomes one DrawingError
-    that drops what is pending, so ``wait`` never hangs on a helper that died."""
+    that drops what is pending, so ``wait`` never hangs on a helper that died. An answer
+    that does not unpickle leaves the stream at no known boundary: the helper is stopped,
+    since nothing would read what it writes next and it would block on the full pipe
+    (and ``close`` wait on it) for ever."""
+    assert process.stdout is not None
     while True:
         try:
-            item = pickle.load(stream)
-        except (EOFError, OSError, pickle.UnpicklingError) as exc:
+            item = pickle.load(process.stdout)
+        except Exception as exc:  # EOF: the helper ended; anything else: garbage
+            if not isinstance(exc, EOFError):
+                process.kill()
             results.put(DrawingError(f"the timeline helper process stopped ({exc!r})", True))
             return
         results.put(item)
@@ -214,8 +221,20 @@ def serve(source: BinaryIO, sink: BinaryIO) -> None:
             answer: Drawn | DrawingError = Drawn(job.key, job.path, image)
         except Exception as exc:  # sent back and raised in the training process
             answer = DrawingError(f"drawing {job.path} failed: {type(exc).__name__}: {exc}")
-        pickle.dump(answer, sink, protocol=PROTOCOL)
+        _write_all(sink, pickle.dumps(answer, protocol=PROTOCOL))
         sink.flush()
+
+
+def _write_all(sink: BinaryIO, data: bytes) -> None:
+    """Write every byte of ``data``. The helper's stdout is an unbuffered ``FileIO`` where
+    Python runs unbuffered (``-u``, ``PYTHONUNBUFFERED``), and a pipe write of a picture
+    (far larger than the pipe) that a signal interrupts part way, as a profiler's
+    ptrace or a SIGSTOP/SIGCONT does, returns the count written: ``pickle.dump`` dropped
+    the rest, and the training process then waited for bytes that never came."""
+    view = memoryview(data)
+    while view:
+        written = sink.write(view)
+        view = view[written if written is not None else 0 :]
 
 
 if __name__ == "__main__":
