@@ -1,0 +1,92 @@
+"""Host loaders cut a TensorDataset's batches whole: the batches, their order and the
+shuffle generator's draws are those of a sample-by-sample DataLoader."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from esper.tolaria.data import SyntheticImageDataModule
+from esper.tolaria.data.base import DataSplits
+
+SHAPE = (3, 8, 8)
+
+
+def _module(**kwargs: object) -> SyntheticImageDataModule:
+    data = SyntheticImageDataModule(
+        input_shape=SHAPE, n_classes=5, n_train=100, n_val=30, n_test=30, **kwargs
+    )
+    data.setup("fit")
+    return data
+
+
+def _same(a: list[tuple[torch.Tensor, ...]], b: list[tuple[torch.Tensor, ...]]) -> None:
+    assert len(a) == len(b)
+    for batch_a, batch_b in zip(a, b, strict=True):
+        for ta, tb in zip(batch_a, batch_b, strict=True):
+            assert torch.equal(ta, tb) and ta.dtype == tb.dtype and ta.stride() == tb.stride()
+
+
+def test_train_batches_are_a_sample_by_sample_loaders_epoch_after_epoch() -> None:
+    data = _module(batch_size=16, seed=4)
+    ours = data.host_train_dataloader()
+    generator = torch.Generator().manual_seed(4)
+    plain = DataLoader(
+        data.train_dataset, batch_size=16, shuffle=True, drop_last=True, generator=generator
+    )
+    assert len(ours) == len(plain) == 100 // 16
+    for _ in range(3):  # each epoch draws a new order from the loader's own generator
+        _same(list(ours), list(plain))
+
+
+def test_validation_and_test_batches_keep_every_sample_in_order() -> None:
+    data = _module(batch_size=16, val_batch_size=8)
+    _same(list(data.host_val_dataloader()), list(DataLoader(data.val_dataset, batch_size=8)))
+    data.setup("test")
+    _same(list(data.host_test_dataloader()), list(DataLoader(data.test_dataset, batch_size=8)))
+    assert [len(y) for _, y in data.host_val_dataloader()] == [8, 8, 8, 6]  # the short tail
+
+
+def test_a_tensor_dataset_is_fetched_a_batch_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = _module(batch_size=16)
+    calls: list[object] = []
+    fetch = TensorDataset.__getitem__
+
+    def counted(self: TensorDataset, index: object) -> tuple[torch.Tensor, ...]:
+        calls.append(index)
+        return fetch(self, index)
+
+    monkeypatch.setattr(TensorDataset, "__getitem__", counted)
+    batches = list(data.host_train_dataloader())
+    assert len(calls) == len(batches) == 100 // 16
+    assert all(isinstance(index, list) and len(index) == 16 for index in calls)
+
+
+class _Rows(Dataset):
+    """A plugin's own dataset: indexable one sample at a time only."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not isinstance(i, int):
+            raise TypeError(f"one sample at a time, got {type(i).__name__}")
+        return self.x[i], self.y[i]
+
+
+class _PluginData(SyntheticImageDataModule):
+    def _build_datasets(self) -> DataSplits:
+        built = super()._build_datasets()
+        return DataSplits(*(_Rows(*split.tensors) for split in built))
+
+
+def test_another_dataset_loads_sample_by_sample_as_before() -> None:
+    data = _PluginData(input_shape=SHAPE, n_classes=5, n_train=100, n_val=30, batch_size=16)
+    data.setup("fit")
+    x, y = next(iter(data.host_train_dataloader()))
+    assert x.shape == (16, *SHAPE) and y.shape == (16,)
+    assert sum(len(y) for _, y in data.host_val_dataloader()) == 30
