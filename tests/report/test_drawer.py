@@ -133,3 +133,53 @@ def test_pictures_survive_a_helper_stopped_and_continued_mid_answer(
     finally:
         drawer.close()
     assert [d.key for d in drawn] == list(range(n_pictures)), drawn
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs POSIX job-control signals")
+def test_a_helper_alive_but_silent_is_stopped_not_waited_on_for_ever(
+    rollout, tmp_path: Path
+) -> None:
+    """A stuck drawing library would leave the helper alive and silent: the end of the run
+    waited on it for ever. Now ``wait`` gives up on it after ``answer_timeout_s``."""
+    steps, slot_ids = rollout
+    drawer = BackgroundDrawer(answer_timeout_s=1.0)
+    results: list[object] = []
+    try:
+        for key in range(2):
+            drawer.submit(Job(key, steps, 0, slot_ids, tmp_path / f"t{key}.png"))
+        process = drawer._process
+        assert process is not None
+        os.kill(process.pid, signal.SIGSTOP)  # before it could answer (it is importing)
+        waiter = threading.Thread(target=lambda: results.extend(drawer.wait()), daemon=True)
+        waiter.start()
+        waiter.join(STORM_LIMIT_S)
+        assert not waiter.is_alive(), "wait() waited on a silent helper for ever"
+        (stopped,) = results
+        assert isinstance(stopped, DrawingError) and stopped.stopped, stopped
+        assert "answered nothing for 1 s with 2 picture(s) pending" in str(stopped)
+        assert process.poll() is not None and drawer.pending == 0  # killed, nothing owed
+    finally:
+        closer = threading.Thread(target=drawer.close, daemon=True)
+        closer.start()
+        closer.join(STORM_LIMIT_S)
+    assert not closer.is_alive(), "close() waited on a killed helper"
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs POSIX job-control signals")
+def test_close_kills_a_helper_that_never_finishes(rollout, tmp_path: Path) -> None:
+    steps, slot_ids = rollout
+    drawer = BackgroundDrawer(answer_timeout_s=1.0)
+    drawer.submit(Job(0, steps, 0, slot_ids, tmp_path / "t.png"))
+    process = drawer._process
+    assert process is not None
+    os.kill(process.pid, signal.SIGSTOP)
+    closer = threading.Thread(target=drawer.close, daemon=True)
+    closer.start()
+    closer.join(STORM_LIMIT_S)
+    assert not closer.is_alive(), "close() waited on a silent helper for ever"
+    assert process.poll() is not None
+
+
+def test_a_drawer_without_a_positive_timeout_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"answer_timeout_s=0\) must be > 0"):
+        BackgroundDrawer(answer_timeout_s=0)

@@ -38,6 +38,13 @@ PROTOCOL = pickle.HIGHEST_PROTOCOL
 #: How much the helper lowers its own scheduling priority (``os.nice``): it draws on the
 #: cores training leaves idle instead of taking a share of those the hosts train on.
 HELPER_NICENESS = 19
+#: How long :meth:`BackgroundDrawer.wait` waits for the helper's next answer before it
+#: takes the helper as hung and stops it. A picture takes a fraction of a second to draw
+#: (benchmarks/README.md, "Timeline pictures off the training path"); the bound is far
+#: above that, also for a helper drawing at the lowest priority beside busy cores.
+ANSWER_TIMEOUT_S = 120.0
+#: After the helper is stopped, how long ``wait`` and ``close`` wait for it to be gone.
+STOP_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -77,10 +84,18 @@ class BackgroundDrawer:
     ``submit`` returns at once; ``finished`` returns what is done without waiting and
     ``wait`` what is left once it is done. A picture the helper could not draw comes back
     as a :class:`DrawingError` in its place; a helper that stopped, as one DrawingError
-    for everything pending (``stopped``), and ``submit`` raises it.
+    for everything pending (``stopped``), and ``submit`` raises it. A helper alive but
+    silent for ``answer_timeout_s`` while pictures are pending (a stuck drawing library)
+    is stopped the same way, so the end of a run never waits on it for ever.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, answer_timeout_s: float = ANSWER_TIMEOUT_S) -> None:
+        if not answer_timeout_s > 0:
+            raise ValueError(
+                f"BackgroundDrawer(answer_timeout_s={answer_timeout_s!r}) must be > 0 "
+                f"(seconds to wait for each picture; default {ANSWER_TIMEOUT_S})"
+            )
+        self.answer_timeout_s = answer_timeout_s
         self._process: subprocess.Popen[bytes] | None = None
         self._results: SimpleQueue[Drawn | DrawingError] = SimpleQueue()
         self._jobs: SimpleQueue[Job | None] = SimpleQueue()
@@ -116,21 +131,49 @@ class BackgroundDrawer:
             done.append(self._take(item))
 
     def wait(self) -> list[Drawn | DrawingError]:
-        """Every picture still pending, once drawn (as :meth:`finished`)."""
+        """Every picture still pending, once drawn (as :meth:`finished`). A helper that
+        answers nothing for ``answer_timeout_s`` is stopped: what it had not answered
+        comes back as one DrawingError (``stopped``)."""
         done = self.finished()
         while self._pending:
-            done.append(self._take(self._results.get()))
+            try:
+                item = self._results.get(timeout=self.answer_timeout_s)
+            except Empty:
+                item = self._stop_hung()
+            done.append(self._take(item))
         return done
 
+    def _stop_hung(self) -> DrawingError:
+        """Kill a helper that stopped answering and take its end off the queue (the reader
+        reports it there), answers it sent meanwhile dropped with the rest."""
+        process = self._process
+        if process is not None:
+            process.kill()
+        with contextlib.suppress(Empty):
+            while True:
+                item = self._results.get(timeout=STOP_TIMEOUT_S)
+                if isinstance(item, DrawingError) and item.stopped:
+                    break
+        return DrawingError(
+            f"the timeline helper process answered nothing for {self.answer_timeout_s:g} s "
+            f"with {self._pending} picture(s) pending: stopped it; those are not drawn",
+            True,
+        )
+
     def close(self) -> None:
-        """Stop the helper (after what it is drawing); pictures not collected are dropped."""
+        """Stop the helper (after what it is drawing; one silent for ``answer_timeout_s``
+        is killed); pictures not collected are dropped."""
         process, self._process = self._process, None
         if process is None:
             return
         self._jobs.put(None)  # the writer sends what is queued, then closes the input
+        try:
+            process.wait(timeout=self.answer_timeout_s)  # its loop ends with its input
+        except subprocess.TimeoutExpired:  # hung: a write to it would block for ever
+            process.kill()
+            process.wait(timeout=STOP_TIMEOUT_S)
         if self._writer is not None:
             self._writer.join()
-        process.wait()  # the helper's loop ends with its input
         if self._reader is not None:
             self._reader.join()
         self._pending = 0
