@@ -139,11 +139,14 @@ def run_both(
 def test_envs_group_by_architecture_seeds_and_stages_but_not_alpha() -> None:
     """Envs 2 and 3 incubate the same seed, which the host's pass goes through: they
     train with the plain envs 0 and 1 (env 2 is the template: it runs their incubation
-    pass). Envs 4 and 5 blend a widening in at different alphas. Env 10 incubates
-    another seed in another slot, and no member incubates both: alone."""
+    pass). Envs 4 and 5 blend a widening in at different alphas; envs 8 and 9 merged a
+    widening into stage0, so their layers are wider: they train with 4 and 5, padded
+    (every seed of the four is a widening), but not with 2 and 3, whose residual seed
+    must match its slot's width. Env 10 incubates another seed in another slot, and no
+    member incubates both: alone."""
     envs = cnn_envs()
     groups, alone = stack_groups(envs)
-    assert groups == [[0, 1, 2, 3], [4, 5], [6, 7], [8, 9]]
+    assert groups == [[0, 1, 2, 3], [4, 5, 8, 9], [6, 7]]
     assert alone == [10]
     alphas = [envs[i].model.slot("stage1").alpha for i in (4, 5)]
     assert alphas[0] != alphas[1]
@@ -414,6 +417,105 @@ def test_transformer_envs_with_seeds_blending_in_at_other_blocks_equal_the_per_e
     assert steps and set(steps) == {4}
 
 
+def envs_of_different_widths() -> list[GrowingHost]:
+    """Env 0 plain; 1 merged a widening into stage0, 2 into stage1, 3 into both; 4 merged
+    one into stage0 and blends another in at stage1 (the template: the only one running a
+    seed); 5 incubates a widening at stage0, 6 blends one in there: seven widths of
+    layers, every seed a widening."""
+    return planted(
+        [
+            [],
+            [("stage0", "widen", BlendMode.LINEAR, SeedStage.FOSSILIZED)],
+            [("stage1", "widen", BlendMode.LINEAR, SeedStage.FOSSILIZED)],
+            [
+                ("stage0", "widen", BlendMode.LINEAR, SeedStage.FOSSILIZED),
+                ("stage1", "widen", BlendMode.LINEAR, SeedStage.FOSSILIZED),
+            ],
+            [
+                ("stage0", "widen", BlendMode.LINEAR, SeedStage.FOSSILIZED),
+                ("stage1", "widen", BlendMode.GATED, SeedStage.BLENDING),
+            ],
+            [("stage0", "widen", BlendMode.LINEAR, SeedStage.TRAINING)],
+            [("stage0", "widen", BlendMode.LINEAR, SeedStage.BLENDING)],
+        ]
+    )
+
+
+def test_envs_whose_layers_merged_different_widenings_train_as_one_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A merged widening makes a stage's layers, and the next one's inputs, wider: envs
+    that merged different ones train as one group, each padded with zeros to the widest,
+    and end where the per-env path ends, at their own widths."""
+    made = envs_of_different_widths()
+    widths = {tuple(env.model.state_dict()["stages.1.body.0.weight"].shape) for env in made}
+    assert len(widths) == 4  # stage1's first conv: two output and two input widths
+    assert stack_groups(made) == ([[0, 1, 2, 3, 4]], [5, 6])  # 5, 6: another seed at stage0
+    steps = count_stacked_steps(monkeypatch)
+    per_env, stacked = run_both(envs_of_different_widths, image_loaders(n_train=64, batch=35))
+    assert steps and set(steps) == {5}
+    for a, b in zip(per_env, stacked, strict=True):
+        shapes = {name: t.shape for name, t in a.model.state_dict().items()}
+        assert shapes == {name: t.shape for name, t in b.model.state_dict().items()}
+
+
+def test_what_pads_a_narrower_member_stays_zero_through_a_stacked_step() -> None:
+    """Why padding is exact: a zero-padded channel gets zero gradients, so after a step
+    (weight decay and momentum included) every padded entry is still exactly zero."""
+    envs = envs_of_different_widths()[:5]
+    for env in envs:
+        env.host_optimizer.param_groups[0]["weight_decay"] = 1e-3
+    group = StackedGroup(envs, accumulators(envs))
+    train, _ = image_loaders(n_train=40, batch=40)
+    for x, y in train:
+        x, y = x.view(5, 8, *x.shape[1:]), y.view(5, 8)
+        group.step(x, y)
+        group.step(x, y)  # the second moves momentum buffers the first made
+    stacked = group._stacked
+    assert stacked is not None
+    buffers = {
+        id(leaf): state["momentum_buffer"]
+        for optimizer in stacked.optimizers
+        for leaf, state in optimizer.state.items()
+    }
+    checked = 0
+    for name, rows in stacked.params.items():
+        for g in range(len(envs)):
+            mine = group._params[g].get(name)
+            if mine is None or mine.shape == rows.shape[1:]:
+                continue
+            for tensor in (rows[g].detach(), buffers[id(rows)][g]):
+                outside = torch.ones_like(tensor, dtype=torch.bool)
+                outside[tuple(slice(0, n) for n in mine.shape)] = False
+                assert tensor[outside].abs().max() == 0, f"env {g} {name}"
+                checked += 1
+    assert checked >= 10  # every narrower member's padded conv, norm and head tensors
+
+
+def test_a_residual_seed_keeps_its_group_at_one_width() -> None:
+    """A residual seed adds its output to its slot's activation, whose width it must match
+    in every member: envs that run one only group with envs of their own widths."""
+    plan: Plan = [
+        [("stage1", "conv_light", BlendMode.LINEAR, SeedStage.BLENDING)],
+        [
+            ("stage0", "widen", BlendMode.LINEAR, SeedStage.FOSSILIZED),
+            ("stage1", "conv_light", BlendMode.LINEAR, SeedStage.BLENDING),
+        ],
+        [("stage1", "conv_light", BlendMode.LINEAR, SeedStage.BLENDING)],
+    ]
+    assert stack_groups(planted(plan)) == ([[0, 2]], [1])
+    made = planted(plan)
+    with pytest.raises(ValueError, match="different sizes and not every member pads exactly"):
+        StackedGroup(made[:2], accumulators(made[:2]))
+
+
+def test_transformer_hosts_of_different_widths_never_share_a_group() -> None:
+    """A transformer normalises over its features: its layers are not padded."""
+    plan: Plan = [[], [("block1", "widen", BlendMode.LINEAR, SeedStage.FOSSILIZED)], []]
+    made = planted(plan, lambda: TransformerHost(seq_len=12, d_model=32, lifecycle=FAST))
+    assert stack_groups(made) == ([[0, 2]], [1])
+
+
 def test_a_seed_just_planted_where_the_template_blends_one_keeps_its_flags() -> None:
     """Env 0 has just planted a seed in the slot where env 1 blends one in. A non-finite
     input to env 0 makes its loss non-finite, and its rows of env 1's seed with it; its
@@ -537,10 +639,11 @@ def test_a_batch_whose_shares_differ_in_size_trains_alone_and_agrees(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """44 samples over 11 envs split evenly, 40 do not: envs 0-6 get 4, envs 7-10 get 3,
-    so the group of envs 6 and 7 trains that batch env by env, the other three stacked."""
+    so the groups of envs 4, 5, 8, 9 and of envs 6, 7 train that batch env by env, the
+    group of envs 0-3 stacked."""
     steps = count_stacked_steps(monkeypatch)
     _, stacked = run_both(cnn_envs, image_loaders(n_train=84, batch=44), epochs=1)
-    assert len(steps) == 4 + 3
+    assert len(steps) == 3 + 1
     assert all(env.probe is not None and env.probe[0].shape[0] == 3 for env in stacked[7:])
 
 

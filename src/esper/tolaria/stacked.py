@@ -14,6 +14,12 @@ members lack is run for all of them, at an alpha of 0 on the rows of those that 
 its input is detached, so their outputs and gradients are the host's alone. Seeds in
 TRAINING, which the host's pass goes through, are run by the incubation pass for every
 member, scaled by 0 on the rows of those that lack them (they keep nothing of them).
+Envs whose layers merged different widenings (a wider stage, and wider inputs of the layer
+after it) train as one group where the host's forward is exact on zero-padded layers
+(``HostModel.pads_widths_exactly``) and every seed they run is a widening: each tensor is
+stacked at the widest member's size, a narrower member's rows zero-padded at the end of
+each dimension (its padded channels compute zeros and get zero gradients, so they stay
+zero), and written back at the member's own size.
 
 A group is formed at the start of an epoch and written back into its envs at the end,
 before validation: lifecycle ops, rollback, checkpoints and the counterfactual pass run
@@ -39,7 +45,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
 from esper.contracts import SeedStage
@@ -48,6 +54,7 @@ from esper.kasmina.hosts.base import HostModel
 from esper.kasmina.incubation import incubating_slots, seeds_incubating
 from esper.kasmina.sgd import MOMENTUM_BUFFER, sgd_step
 from esper.kasmina.slot import SeedSlot
+from esper.kasmina.widening import Widening
 from esper.tolaria.accumulators import EnvAccumulator
 from esper.tolaria.host_training import autocast_to
 
@@ -74,10 +81,19 @@ class EnvView:
     named: Named
     #: Per parameter (by id): :func:`_optimizer_settings`.
     settings: dict[int, tuple[float, float, float, bool]]
+    #: The tensors (by id) a group may zero-pad: :func:`paddable_tensors`.
+    paddable: frozenset[int] = frozenset()
+    #: Whether the env may train with members of other widths: :func:`pads_exactly`.
+    pad_safe: bool = False
 
     @classmethod
     def of(cls, env: GrowingHost) -> EnvView:
-        return cls(_named(env.model), _optimizer_settings(env))
+        return cls(
+            _named(env.model),
+            _optimizer_settings(env),
+            paddable_tensors(env.model),
+            pads_exactly(env.model),
+        )
 
 
 def stack_key(env: GrowingHost, view: EnvView | None = None) -> Hashable:
@@ -92,17 +108,20 @@ def stack_key(env: GrowingHost, view: EnvView | None = None) -> Hashable:
     an env that has just planted one trains with the envs whose slot is empty. Nor are
     the tensors that members of a group need not all have (:func:`optional_tensors`: a
     seed's gate, a seed blending in or in TRAINING): envs with and without them share a
-    group where :func:`stack_groups` finds them compatible.
+    group where :func:`stack_groups` finds them compatible. Nor the size of a tensor a
+    group may pad (:func:`paddable_tensors`, its number of dimensions is): envs whose
+    layers merged different widenings share a group where :func:`stack_groups` finds
+    their sizes compatible.
     """
     model = env.model
     view = view or EnvView.of(env)
     settings = view.settings
     params, buffers = trained_tensors(model, view.named)
     params_key = tuple(
-        (name, tuple(p.shape), p.dtype, p.requires_grad, settings.get(id(p)))
+        (name, _size(p, view), p.dtype, p.requires_grad, settings.get(id(p)))
         for name, p in params.items()
     )
-    buffers_key = tuple((name, tuple(b.shape), b.dtype) for name, b in buffers.items())
+    buffers_key = tuple((name, _size(b, view), b.dtype) for name, b in buffers.items())
     slots = tuple(_slot_key(slot) for slot in model.iter_slots())
     return (type(model), env.device, model.training, params_key, buffers_key, slots)
 
@@ -211,6 +230,64 @@ def _slot_key(slot: SeedSlot) -> Hashable:
     return (slot.slot_id, type(slot.seed), slot.lifecycle.blueprint, slot.stage, gated)
 
 
+#: Layers whose tensors a group may zero-pad to its widest member's size: a zero-padded
+#: output channel or unit comes out zero (and, in training-mode batch norm, normalises to
+#: zero), a zero-padded input channel adds nothing, and every padded entry's gradient is
+#: zero, so it stays zero through SGD (weight decay and momentum included). A grouped
+#: convolution mixes its channels by group index: not padded.
+PADDABLE_LAYERS: tuple[type[nn.Module], ...] = (nn.Conv2d, nn.BatchNorm2d, nn.Linear)
+
+
+def paddable_tensors(model: HostModel) -> frozenset[int]:
+    """The parameters and buffers (by id) of ``model``'s :data:`PADDABLE_LAYERS`, where
+    its forward is exact on zero-padded layers (``HostModel.pads_widths_exactly``); none
+    elsewhere."""
+    if not model.pads_widths_exactly:
+        return frozenset()
+    ids: set[int] = set()
+    for module in model.modules():
+        if isinstance(module, PADDABLE_LAYERS) and getattr(module, "groups", 1) == 1:
+            ids.update(id(p) for p in module.parameters(recurse=False))
+            ids.update(id(b) for b in module.buffers(recurse=False))
+    return frozenset(ids)
+
+
+def pads_exactly(model: HostModel) -> bool:
+    """Whether ``model`` may train padded to wider members: its host's forward is exact on
+    zero-padded layers and every seed a step runs is a widening (whose new channels the
+    host's layers pad like their own). A residual seed adds its output to the activation
+    of its slot, whose width it must then match in every member: where one runs, a group
+    keeps every size equal."""
+    return model.pads_widths_exactly and all(
+        isinstance(slot.seed, Widening)
+        for slot in model.iter_slots()
+        if slot.seed is not None and slot.stage not in IDLE_STAGES
+    )
+
+
+def _size(tensor: Tensor, view: EnvView) -> Hashable:
+    """A tensor's size in a grouping key: its number of dimensions where a group may pad
+    it (:func:`paddable_tensors`), else its shape."""
+    return tensor.dim() if id(tensor) in view.paddable else tuple(tensor.shape)
+
+
+def _padded_sizes(env: GrowingHost, view: EnvView) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor a step of ``env`` uses that a group may pad, by name."""
+    trained = trained_tensors(env.model, view.named)
+    optional = optional_tensors(env.model, view.named)
+    return {
+        name: tuple(t.shape)
+        for part in (trained, optional)
+        for tensors in part
+        for name, t in tensors.items()
+        if id(t) in view.paddable
+    }
+
+
+def _sizes_agree(a: dict[str, tuple[int, ...]], b: dict[str, tuple[int, ...]]) -> bool:
+    return all(shape == b[name] for name, shape in a.items() if name in b)
+
+
 def stack_groups(
     envs: Sequence[GrowingHost], views: Sequence[EnvView] | None = None
 ) -> tuple[list[list[int]], list[int]]:
@@ -225,7 +302,9 @@ def stack_groups(
         part
         for members in by_key.values()
         for part in _split_by_optional(
-            members, [_optional_signature(envs[i], views[i]) for i in members]
+            members,
+            [_optional_signature(envs[i], views[i]) for i in members],
+            [(_padded_sizes(envs[i], views[i]), views[i].pad_safe) for i in members],
         )
         if len(part) >= MIN_GROUP
     ]
@@ -247,7 +326,7 @@ def _optional_signature(env: GrowingHost, view: EnvView | None = None) -> dict[s
     settings = view.settings
 
     def param(p: Tensor) -> Hashable:
-        return (tuple(p.shape), p.dtype, p.requires_grad, settings.get(id(p)))
+        return (_size(p, view), p.dtype, p.requires_grad, settings.get(id(p)))
 
     def seed(slot: SeedSlot) -> Hashable:
         assert slot.seed is not None  # blending_slots and incubating_slots list seeded slots
@@ -255,7 +334,7 @@ def _optional_signature(env: GrowingHost, view: EnvView | None = None) -> dict[s
             type(slot.seed),
             slot.lifecycle.blueprint,
             tuple((name, param(p)) for name, p in slot.seed.named_parameters()),
-            tuple((name, tuple(b.shape), b.dtype) for name, b in slot.seed.named_buffers()),
+            tuple((name, _size(b, view), b.dtype) for name, b in slot.seed.named_buffers()),
         )
 
     gates = gate_tensors(env.model, view.named)
@@ -267,12 +346,18 @@ def _optional_signature(env: GrowingHost, view: EnvView | None = None) -> dict[s
     return signature
 
 
+#: Per member of a key group: :func:`_padded_sizes`, and whether it pads exactly.
+Sizes = tuple[dict[str, tuple[int, ...]], bool]
+
+
 def _split_by_optional(
-    members: list[int], signatures: list[dict[str, Hashable]]
+    members: list[int], signatures: list[dict[str, Hashable]], sizes: list[Sizes] | None = None
 ) -> list[list[int]]:
     """Envs of one :func:`stack_key` in parts that can train as one: in a part, the members
     that have an entry of :func:`_optional_signature` agree on it, and one member has
-    every entry any member has (the group's template: its forward runs them all).
+    every entry any member has (the group's template: its forward runs them all); and
+    members whose ``sizes`` differ both pad exactly (:func:`pads_exactly`; None: every
+    size agrees).
 
     Greedy, twice: in env order, and with the members that have the most entries (those
     that can run a group) first; whichever leaves fewer envs alone (env order on a tie).
@@ -280,19 +365,28 @@ def _split_by_optional(
     the first did better on a real fit (benchmarks/README.md, "How much of a real fit
     stacks"). Each part in env order."""
     by_entries = sorted(range(len(members)), key=lambda k: (-len(signatures[k]), k))
-    tries = [_greedy_parts(members, signatures, order) for order in (None, by_entries)]
+    sizes = sizes or [({}, True)] * len(members)
+    tries = [_greedy_parts(members, signatures, sizes, order) for order in (None, by_entries)]
     return max(tries, key=lambda parts: sum(len(p) for p in parts if len(p) >= MIN_GROUP))
 
 
 def _greedy_parts(
-    members: list[int], signatures: list[dict[str, Hashable]], order: list[int] | None
+    members: list[int],
+    signatures: list[dict[str, Hashable]],
+    sizes: list[Sizes],
+    order: list[int] | None,
 ) -> list[list[int]]:
     """:func:`_split_by_optional`'s parts, each member (taken in ``order`` of positions,
     default as listed) joining the first part it can."""
-    parts: list[tuple[list[int], list[dict[str, Hashable]]]] = []
+    parts: list[tuple[list[int], list[dict[str, Hashable]], list[Sizes]]] = []
     for k in range(len(members)) if order is None else order:
-        i, mine = members[k], signatures[k]
-        for indices, theirs in parts:
+        i, mine, (my_sizes, my_safety) = members[k], signatures[k], sizes[k]
+        for indices, theirs, their_sizes in parts:
+            if any(
+                not (my_safety and safe) and not _sizes_agree(my_sizes, other)
+                for other, safe in their_sizes
+            ):
+                continue
             union = {name: s for sig in theirs for name, s in sig.items()}
             if any(union.get(name, s) != s for name, s in mine.items()):
                 continue
@@ -300,10 +394,11 @@ def _greedy_parts(
             if any(union.keys() <= sig.keys() for sig in (*theirs, mine)):
                 indices.append(i)
                 theirs.append(mine)
+                their_sizes.append(sizes[k])
                 break
         else:
-            parts.append(([i], [mine]))
-    return sorted(sorted(indices) for indices, _ in parts)
+            parts.append(([i], [mine], [sizes[k]]))
+    return sorted(sorted(indices) for indices, _, _ in parts)
 
 
 def _optimizer_settings(env: GrowingHost) -> dict[int, tuple[float, float, float, bool]]:
@@ -368,6 +463,25 @@ class StackedGroup:
         optional = [optional_tensors(e.model, v.named) for e, v in zip(envs, views, strict=True)]
         self._params = [t[0] | o[0] for t, o in zip(trained, optional, strict=True)]
         self._buffers = [t[1] | o[1] for t, o in zip(trained, optional, strict=True)]
+        #: Each stacked tensor's shape: the widest any member has, dimension by dimension
+        #: (members whose layers merged different widenings: the others' rows zero-padded).
+        self._shapes = {
+            name: _widest([mine[name].shape for mine in tensors if name in mine])
+            for tensors in (self._params, self._buffers)
+            for name in {name for mine in tensors for name in mine}
+        }
+        padded = any(
+            name in mine and mine[name].shape != shape
+            for tensors in (self._params, self._buffers)
+            for mine in tensors
+            for name, shape in self._shapes.items()
+        )
+        if padded and not all(view.pad_safe for view in views):
+            raise ValueError(
+                "members of this group hold tensors of different sizes and not every member "
+                "pads exactly (a residual seed, or a host without pads_widths_exactly); group "
+                "envs with stack_groups, which keeps such envs apart"
+            )
         #: The names some member lacks: their rows are zeros there, never written back.
         names_of = [
             params.keys() | buffers.keys()
@@ -534,17 +648,17 @@ class StackedGroup:
     # ------------------------------------------------------------------ stacking
     def _stack(self) -> _Stacked:
         """Every member's tensors stacked along a new first dimension (copies)."""
-        lead = self._params[self._lead]
+        lead, shapes = self._params[self._lead], self._shapes
         with torch.no_grad():
             params = {
                 name: torch.stack(
-                    [mine[name] if name in mine else torch.zeros_like(p) for mine in self._params]
+                    [_padded(mine.get(name), shapes[name], p) for mine in self._params]
                 ).requires_grad_(p.requires_grad)
                 for name, p in lead.items()
             }
             buffers = {
                 name: torch.stack(
-                    [mine[name] if name in mine else torch.zeros_like(b) for mine in self._buffers]
+                    [_padded(mine.get(name), shapes[name], b) for mine in self._buffers]
                 )
                 for name, b in self._buffers[self._lead].items()
             }
@@ -567,7 +681,7 @@ class StackedGroup:
                             f"members {missing} have no momentum buffer for {name} and the "
                             "others have one: stack_key keeps such envs apart"
                         )
-                    rows = [torch.zeros_like(had) if b is None else b for b in buffers_of]
+                    rows = [_padded(b, shapes[name], had) for b in buffers_of]
                     optimizer.state[leaf][MOMENTUM_BUFFER] = torch.stack(rows)
             optimizers.append(optimizer)
         device = next(iter(params.values())).device
@@ -613,14 +727,14 @@ class StackedGroup:
             return
         for name, p in stacked.params.items():
             rows = [
-                (mine[name], row)
+                (mine[name], _unpadded(row, mine[name].shape))
                 for mine, row in zip(self._params, p.detach().unbind(), strict=True)
                 if name in mine
             ]
             torch._foreach_copy_([mine for mine, _ in rows], [row for _, row in rows])
         for name, b in stacked.buffers.items():
             rows = [
-                (mine[name], row)
+                (mine[name], _unpadded(row, mine[name].shape))
                 for mine, row in zip(self._buffers, b.unbind(), strict=True)
                 if name in mine
             ]
@@ -636,9 +750,11 @@ class StackedGroup:
                     if name not in owners:  # an optional tensor this member lacks
                         continue
                     owner, param = owners[name]
-                    mine = _momentum_of(owner, param)
+                    mine, row = _momentum_of(owner, param), _unpadded(row, param.shape)
                     if mine is None:  # its first step was a stacked one
-                        owner.state[param][MOMENTUM_BUFFER] = row.clone()
+                        owner.state[param][MOMENTUM_BUFFER] = row.clone(
+                            memory_format=torch.contiguous_format
+                        )
                     else:
                         mine.copy_(row)
         for g, (env, acc) in enumerate(zip(self.envs, self.accs, strict=True)):
@@ -756,6 +872,31 @@ def _momentum_of(optimizer: torch.optim.Optimizer, param: Tensor) -> Tensor | No
     optimizer's state is a defaultdict, and what it holds goes into checkpoints)."""
     state = optimizer.state.get(param)
     return None if state is None else state.get(MOMENTUM_BUFFER)
+
+
+def _widest(shapes: Sequence[torch.Size]) -> torch.Size:
+    """The smallest shape that holds each of ``shapes`` (all with as many dimensions)."""
+    return torch.Size(max(sizes) for sizes in zip(*shapes, strict=True))
+
+
+def _padded(tensor: Tensor | None, shape: torch.Size, like: Tensor) -> Tensor:
+    """``tensor`` zero-padded at the end of each dimension to ``shape`` (itself where it
+    has that shape; zeros like ``like`` where None)."""
+    if tensor is not None and tensor.shape == shape:
+        return tensor
+    out = like.new_zeros(shape)
+    if tensor is not None:
+        out[_corner(tensor.shape)] = tensor
+    return out
+
+
+def _unpadded(row: Tensor, shape: torch.Size) -> Tensor:
+    """A member's ``shape`` of a stacked row (a view; the row itself where equal)."""
+    return row if row.shape == shape else row[_corner(shape)]
+
+
+def _corner(shape: torch.Size) -> tuple[slice, ...]:
+    return tuple(slice(0, size) for size in shape)
 
 
 def _forward_loss(template: HostModel) -> Callable[..., tuple[Tensor, Tensor]]:

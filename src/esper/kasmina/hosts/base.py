@@ -37,6 +37,12 @@ class HostModel(nn.Module, ABC):
     #: Each name the policy may choose is one more arm whose worth it must learn from
     #: fractions of an accuracy point, so a host family lists the ones that suit it.
     default_blueprints: tuple[str, ...] | None = None
+    #: Whether the host's forward is exact on layers zero-padded to a wider size: every op
+    #: between its convolutions, norms and linear layers treats channels apart and maps
+    #: an all-zero channel to zeros, and nothing in Python reads a layer's width. Then the
+    #: stacked engine (``esper.tolaria.stacked``) may train envs whose layers merged
+    #: different widenings as one group, each padded with zeros to the group's widest.
+    pads_widths_exactly: bool = False
     slots: nn.ModuleDict
 
     @classmethod

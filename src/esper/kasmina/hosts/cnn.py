@@ -122,6 +122,10 @@ class CNNHost(HostModel):
     #: (benchmarks/README.md, "Widening the host"). The residual blueprints stay
     #: registered for ``--model.blueprints``.
     default_blueprints = ("widen",)
+    #: Convolution, batch norm in training mode, ReLU, both poolings and the linear head
+    #: treat channels apart, and an all-zero channel stays zero through them, its weights'
+    #: gradients zero.
+    pads_widths_exactly = True
 
     def __init__(
         self,
