@@ -142,12 +142,12 @@ def test_envs_group_by_architecture_seeds_and_stages_but_not_alpha() -> None:
     pass). Envs 4 and 5 blend a widening in at different alphas; envs 8 and 9 merged a
     widening into stage0, so their layers are wider: they train with 4 and 5, padded
     (every seed of the four is a widening), but not with 2 and 3, whose residual seed
-    must match its slot's width. Env 10 incubates another seed in another slot, and no
-    member incubates both: alone."""
+    must match its slot's width. Env 10 incubates the widening that 4 and 5 blend in:
+    it trains with them (run at alpha 0 in the host's pass)."""
     envs = cnn_envs()
     groups, alone = stack_groups(envs)
-    assert groups == [[0, 1, 2, 3], [4, 5, 8, 9], [6, 7]]
-    assert alone == [10]
+    assert groups == [[0, 1, 2, 3], [4, 5, 8, 9, 10], [6, 7]]
+    assert alone == []
     alphas = [envs[i].model.slot("stage1").alpha for i in (4, 5)]
     assert alphas[0] != alphas[1]
 
@@ -157,15 +157,29 @@ def test_the_result_counts_the_samples_each_env_trained_stacked() -> None:
     train, val = image_loaders(n_train=88, batch=44)
     result = run_epoch(envs, train, val, STACKED)
     assert result.train_predictions == (8,) * 11
-    assert result.stacked_predictions == (8,) * 10 + (0,)  # env 10 trains alone
+    assert result.stacked_predictions == (8,) * 11
     assert run_epoch(cnn_envs(), train, val, PER_ENV).stacked_predictions == (0,) * 11
 
 
-def test_an_env_whose_seed_has_momentum_does_not_share_a_group_with_one_that_has_none() -> None:
-    envs = cnn_envs()[:2]
+def test_an_env_with_momentum_and_one_without_train_as_one_and_as_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Env 1's first step runs a row of zero momentum: ``0 * momentum + grad`` is the
+    buffer torch starts (a copy of the gradient), and env 1 ends with its own buffers."""
     train, val = image_loaders()
-    run_epoch(envs[:1], train, val, PER_ENV)  # env 0 now has momentum buffers
-    assert stack_groups(envs) == ([], [0, 1])
+
+    def envs() -> list[GrowingHost]:
+        made = cnn_envs()[:2]
+        run_epoch(made[:1], train, val, PER_ENV)  # env 0 now has momentum buffers
+        return made
+
+    made = envs()
+    assert stack_groups(made) == ([[0, 1]], [])
+    assert not any(opt.state for opt in made[1].optimizers())
+    steps = count_stacked_steps(monkeypatch)
+    _, stacked = run_both(envs, (train, val), epochs=1)
+    assert steps and set(steps) == {2}
+    assert all(opt.state for opt in stacked[1].optimizers())
 
 
 def test_stacked_epochs_equal_the_per_env_path_for_cnn_seeds_in_every_stage() -> None:
@@ -375,19 +389,21 @@ def envs_with_seeds_blending_in() -> list[GrowingHost]:
 
 
 def test_envs_with_seeds_blending_in_at_other_slots_group_under_one_that_has_them_all() -> None:
-    """Env 2 has every seed of envs 0-3, which agree where they have one; a seed of
-    another blueprint in a slot (4, 5), or one incubating where others blend (6), splits."""
-    assert stack_groups(envs_with_seeds_blending_in()) == ([[0, 1, 2, 3], [4, 5]], [6])
+    """Env 2 has every seed of envs 0-3 and 6, which agree where they have one (6
+    incubates the widening that 2 and 3 blend in); a seed of another blueprint in a slot
+    (4, 5) splits."""
+    assert stack_groups(envs_with_seeds_blending_in()) == ([[0, 1, 2, 3, 6], [4, 5]], [])
 
 
 def test_stacked_epochs_with_seeds_blending_in_at_other_slots_equal_the_per_env_path(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Two epochs: the members without a seed run the template's at alpha 0, so their
-    hosts train as alone and they end with no seed and no seed state."""
+    hosts train as alone and they end with no seed and no seed state; env 6 incubates its
+    widening, which the template blends in, as alone."""
     steps = count_stacked_steps(monkeypatch)
     _, stacked = run_both(envs_with_seeds_blending_in, image_loaders(n_train=126, batch=42))
-    assert steps == [4, 2] * 3 * 2  # both groups, 3 batches, 2 epochs
+    assert steps == [5, 2] * 3 * 2  # both groups, 3 batches, 2 epochs
     assert not stacked[0].seed_optimizers
     assert list(stacked[1].seed_optimizers) == ["stage0"]
     assert list(stacked[3].seed_optimizers) == ["stage1"]
@@ -450,10 +466,11 @@ def test_envs_whose_layers_merged_different_widenings_train_as_one_group(
     made = envs_of_different_widths()
     widths = {tuple(env.model.state_dict()["stages.1.body.0.weight"].shape) for env in made}
     assert len(widths) == 4  # stage1's first conv: two output and two input widths
-    assert stack_groups(made) == ([[0, 1, 2, 3, 4]], [5, 6])  # 5, 6: another seed at stage0
+    # 5 incubates, 6 blends in, a widening at stage0 where 1-4 merged one: a group apart
+    assert stack_groups(made) == ([[0, 1, 2, 3, 4], [5, 6]], [])
     steps = count_stacked_steps(monkeypatch)
     per_env, stacked = run_both(envs_of_different_widths, image_loaders(n_train=64, batch=35))
-    assert steps and set(steps) == {5}
+    assert steps and set(steps) == {5, 2}
     for a, b in zip(per_env, stacked, strict=True):
         shapes = {name: t.shape for name, t in a.model.state_dict().items()}
         assert shapes == {name: t.shape for name, t in b.model.state_dict().items()}
@@ -514,6 +531,29 @@ def test_transformer_hosts_of_different_widths_never_share_a_group() -> None:
     plan: Plan = [[], [("block1", "widen", BlendMode.LINEAR, SeedStage.FOSSILIZED)], []]
     made = planted(plan, lambda: TransformerHost(seq_len=12, d_model=32, lifecycle=FAST))
     assert stack_groups(made) == ([[0, 2]], [1])
+
+
+def test_a_member_incubating_the_seed_the_template_blends_in_trains_as_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Envs 1 and 3 incubate the seed env 0 blends in (a transformer's lora; the CNN's
+    widenings, with their own norm statistics, are in the groups above): one group, the
+    seed run at alpha 0 in the host's pass and 1 in the incubation pass for envs 1 and 3,
+    whose seeds learn from that pass alone, as on their own."""
+    plan: Plan = [
+        [("block1", "lora", BlendMode.LINEAR, SeedStage.BLENDING)],
+        [("block1", "lora", BlendMode.GATED, SeedStage.TRAINING)],
+        [],
+        [("block1", "lora", BlendMode.LINEAR, SeedStage.TRAINING)],
+    ]
+
+    def envs() -> list[GrowingHost]:
+        return planted(plan, lambda: TransformerHost(seq_len=12, d_model=32, lifecycle=FAST))
+
+    assert stack_groups(envs()) == ([[0, 1, 2, 3]], [])
+    steps = count_stacked_steps(monkeypatch)
+    run_both(envs, token_loaders())
+    assert steps and set(steps) == {4}
 
 
 def test_a_seed_just_planted_where_the_template_blends_one_keeps_its_flags() -> None:

@@ -19,7 +19,12 @@ after it) train as one group where the host's forward is exact on zero-padded la
 (``HostModel.pads_widths_exactly``) and every seed they run is a widening: each tensor is
 stacked at the widest member's size, a narrower member's rows zero-padded at the end of
 each dimension (its padded channels compute zeros and get zero gradients, so they stay
-zero), and written back at the member's own size.
+zero), and written back at the member's own size. A member whose seed is in TRAINING
+where the template blends the same seed in trains with it: the template's forward runs
+the seed at alpha 0 on that member's row in the host's pass (as its own TRAINING slot
+passes the activation on) and at alpha 1 in the incubation pass, in which only the
+TRAINING rows' seed tensors learn, and each pass's moves of the seed's statistics are
+kept only on the rows whose own step would make them.
 
 A group is formed at the start of an epoch and written back into its envs at the end,
 before validation: lifecycle ops, rollback, checkpoints and the counterfactual pass run
@@ -80,7 +85,7 @@ class EnvView:
 
     named: Named
     #: Per parameter (by id): :func:`_optimizer_settings`.
-    settings: dict[int, tuple[float, float, float, bool]]
+    settings: dict[int, tuple[float, float, float]]
     #: The tensors (by id) a group may zero-pad: :func:`paddable_tensors`.
     paddable: frozenset[int] = frozenset()
     #: Whether the env may train with members of other widths: :func:`pads_exactly`.
@@ -101,8 +106,10 @@ def stack_key(env: GrowingHost, view: EnvView | None = None) -> Hashable:
 
     The host's class, device and mode; the name, shape and dtype of every parameter and
     buffer a training step uses (:func:`trained_tensors`); what steers each slot's
-    forward (:func:`_slot_key`); and, per parameter, the optimizer settings and whether
-    it has a momentum buffer yet. Alpha is not in it: it is a buffer, stacked like the
+    forward (:func:`_slot_key`); and, per parameter, the optimizer settings. Not whether
+    it has a momentum buffer yet: a member without one runs a row of zeros, and
+    ``0 * momentum + grad`` is its first step's buffer exactly, as torch starts it (a copy
+    of the gradient). Alpha is not in it: it is a buffer, stacked like the
     others, so envs blending at different points of their ramps, or by different blend
     modes, share a group. Nor is a seed that the step leaves alone (:data:`IDLE_STAGES`):
     an env that has just planted one trains with the envs whose slot is empty. Nor are
@@ -312,16 +319,18 @@ def stack_groups(
     return groups, [i for i in range(len(envs)) if i not in grouped]
 
 
-#: What :func:`_optional_signature` says of a slot whose seed blends in, or incubates.
-BLENDS, INCUBATES = "blends", "incubates"
+#: The entry :func:`_optional_signature` adds, beside a slot's seed, where it blends in.
+BLENDS = "blends"
 
 
 def _optional_signature(env: GrowingHost, view: EnvView | None = None) -> dict[str, Hashable]:
     """What members of a group that have an optional tensor must share: per gate of
-    :func:`gate_tensors`, by name, its shape, dtype and optimizer settings (with whether it
-    has a momentum buffer yet); and per slot with a seed blending in or in TRAINING, by
-    slot, which of the two and the seed's type, blueprint and tensors the same way (a
-    seed of the other kind in that slot elsewhere bears the same names)."""
+    :func:`gate_tensors`, by name, its shape, dtype and optimizer settings; per slot with a seed blending in or in TRAINING, by slot,
+    the seed's type, blueprint and tensors the same way; and per slot whose seed blends
+    in, an entry ``"<slot>:blends"``. A group's template has every entry any member has,
+    so where some member blends its seed in, the template does: its forward runs the
+    seed for every member, and a member whose seed there is in TRAINING trains with it
+    (:class:`StackedGroup`: alpha 0 in the host's pass, 1 in the incubation pass)."""
     view = view or EnvView.of(env)
     settings = view.settings
 
@@ -340,9 +349,10 @@ def _optional_signature(env: GrowingHost, view: EnvView | None = None) -> dict[s
     gates = gate_tensors(env.model, view.named)
     signature: dict[str, Hashable] = {name: param(p) for name, p in gates.items()}
     for slot in blending_slots(env.model):
-        signature[slot.slot_id] = (BLENDS, seed(slot))
+        signature[slot.slot_id] = seed(slot)
+        signature[f"{slot.slot_id}:{BLENDS}"] = BLENDS
     for slot in incubating_slots(env.model):
-        signature[slot.slot_id] = (INCUBATES, seed(slot))
+        signature[slot.slot_id] = seed(slot)
     return signature
 
 
@@ -401,19 +411,13 @@ def _greedy_parts(
     return sorted(sorted(indices) for indices, _, _ in parts)
 
 
-def _optimizer_settings(env: GrowingHost) -> dict[int, tuple[float, float, float, bool]]:
-    """Per parameter (by id): learning rate, momentum, weight decay, has a momentum buffer."""
-    settings: dict[int, tuple[float, float, float, bool]] = {}
+def _optimizer_settings(env: GrowingHost) -> dict[int, tuple[float, float, float]]:
+    """Per parameter (by id): learning rate, momentum, weight decay."""
+    settings: dict[int, tuple[float, float, float]] = {}
     for optimizer in env.optimizers():
         for group in optimizer.param_groups:
             for p in group["params"]:
-                has_buffer = _momentum_of(optimizer, p) is not None
-                settings[id(p)] = (
-                    group["lr"],
-                    group["momentum"],
-                    group["weight_decay"],
-                    has_buffer,
-                )
+                settings[id(p)] = (group["lr"], group["momentum"], group["weight_decay"])
     return settings
 
 
@@ -509,9 +513,26 @@ class StackedGroup:
         #: seed blending in: its alpha, in both passes; in TRAINING: its incubation scale,
         #: in the incubation pass), the name of one of its parameters: the scale is run as
         #: 0 on the rows of the members without that parameter.
+        #: The template's slots blending a seed in where some member's seed, the same one
+        #: (:func:`_optional_signature`), is in TRAINING: run for those members at alpha 0
+        #: in the host's pass and 1 in the incubation pass, the only one they learn from.
+        self._mixed = [
+            _MixedSlot(
+                alpha=buffer_names[id(slot.alpha_tensor)],
+                params=[names[id(p)] for p in slot.seed.parameters()],
+                buffers=[buffer_names[id(b)] for b in slot.seed.buffers()],
+                blending=[e.model.slot(slot.slot_id).stage in BLEND_STAGES for e in self.envs],
+                training=[e.model.slot(slot.slot_id) in incubating_slots(e.model) for e in envs],
+            )
+            for slot in blending_slots(self.template)
+            if slot.seed is not None
+            and any(e.model.slot(slot.slot_id) in incubating_slots(e.model) for e in envs)
+        ]
+        mixed_alphas = {mixed.alpha for mixed in self._mixed}
         self._partial_alphas = {
             buffer_names[id(slot.alpha_tensor)]: first_param(slot)
             for slot in lacked(blending_slots(self.template))
+            if buffer_names[id(slot.alpha_tensor)] not in mixed_alphas
         }
         self._partial_incubations = {
             buffer_names[id(slot.incubation_tensor)]: first_param(slot) for slot in self._scaled
@@ -521,7 +542,7 @@ class StackedGroup:
         self._sgd_groups: dict[tuple[float, float, float], list[str]] = {}
         for name, p in self._params[self._lead].items():
             if id(p) in settings:
-                lr, momentum, decay, _ = settings[id(p)]
+                lr, momentum, decay = settings[id(p)]
                 self._sgd_groups.setdefault((lr, momentum, decay), []).append(name)
         #: Per member, each parameter its step uses, with its optimizer, by name: where
         #: its momentum buffer lives. Only those: a member's idle seed can bear the name of
@@ -603,7 +624,9 @@ class StackedGroup:
             params, buffers = _with_missing(stacked, stacked.params, stacked.buffers)
             loss, correct = self._forward(params, buffers, x, y)
         loss.sum().backward()
-        if self._incubating:
+        if stacked.mixed:
+            self._undo_host_pass_statistics(stacked)
+        if self._incubating or stacked.mixed:
             self._incubation_backward(stacked, x, y, autocast)
         self._update_grad_flags(stacked)
         sgd_step(stacked.optimizers)
@@ -620,18 +643,43 @@ class StackedGroup:
     ) -> None:
         """The seed-only pass of the members' seeds in TRAINING (``esper.kasmina.incubation``):
         host parameters out of autograd, host buffers on copies, seeds at alpha 1."""
+        learning = {name: rows for mixed in stacked.mixed for name, rows in mixed.params.items()}
         params = {
-            name: p if name in self._incubating_names else p.detach()
+            name: p
+            if name in self._incubating_names
+            else torch.where(learning[name], p, p.detach())  # only TRAINING rows learn
+            if name in learning
+            else p.detach()
             for name, p in stacked.params.items()
         }
+        # A mixed slot's seed statistics move for its TRAINING rows here; the others were
+        # moved by the host's pass and are put back after this one.
+        kept = {
+            name: (rows, stacked.buffers[name].clone())
+            for mixed in stacked.mixed
+            for name, rows in mixed.buffers.items()
+        }
         buffers = {
-            name: b if name in self._incubating_buffers else b.clone()
+            name: b if name in self._incubating_buffers or name in kept else b.clone()
             for name, b in stacked.buffers.items()
         }
         with self.template.mapped(), seeds_incubating(self._incubating, self._scaled), autocast:
             params, buffers = _with_missing(stacked, params, buffers, incubating=True)
             seed_loss, _ = self._forward(params, buffers, x, y)
         seed_loss.sum().backward()
+        with torch.no_grad():
+            for name, (rows, before) in kept.items():
+                stacked.buffers[name].copy_(torch.where(rows, stacked.buffers[name], before))
+
+    @torch.no_grad()
+    def _undo_host_pass_statistics(self, stacked: _Stacked) -> None:
+        """Put back what the host's pass moved of a mixed slot's seed statistics on its
+        TRAINING rows: a seed in TRAINING updates them in its incubation pass only."""
+        before = dict(zip(stacked.buffers, stacked.buffers_before, strict=True))
+        for mixed in stacked.mixed:
+            for name, rows in mixed.buffers.items():
+                moved = stacked.buffers[name]
+                moved.copy_(torch.where(rows, before[name], moved))
 
     def _update_grad_flags(self, stacked: _Stacked) -> None:
         """AND "this step's gradient is finite" into each member's trained-seed flags."""
@@ -667,20 +715,15 @@ class StackedGroup:
             leaves = [params[name] for name in names]
             optimizer = torch.optim.SGD(leaves, lr=lr, momentum=momentum, weight_decay=decay)
             for name, leaf in zip(names, leaves, strict=True):
-                # Members that have the tensor agree on having a buffer (stack_groups);
-                # a member without it gets a row of zeros, never written back.
+                # A member without a buffer (its first step, or without the tensor) gets a
+                # row of zeros: ``0 * momentum + grad`` is the gradient, as torch starts a
+                # buffer. ``write_back`` gives a member that has the tensor its buffer.
                 buffers_of = [
                     _momentum_of(*owners[name]) if name in owners else None
                     for owners in self._owners
                 ]
                 had = next((b for b in buffers_of if b is not None), None)
                 if had is not None:
-                    missing = [g for g, b in enumerate(buffers_of) if b is None]
-                    if name not in self._optional and missing:
-                        raise RuntimeError(
-                            f"members {missing} have no momentum buffer for {name} and the "
-                            "others have one: stack_key keeps such envs apart"
-                        )
                     rows = [_padded(b, shapes[name], had) for b in buffers_of]
                     optimizer.state[leaf][MOMENTUM_BUFFER] = torch.stack(rows)
             optimizers.append(optimizer)
@@ -694,9 +737,32 @@ class StackedGroup:
                     has[g] = True  # a fill on the device: no list crosses to it
             return has.view(-1, *([1] * (dims - 1)))
 
+        def rows_of(flags: Sequence[bool], dims: int) -> Tensor:
+            """``[G, 1, ...]`` bool (``dims`` dimensions), true on the rows ``flags`` name."""
+            rows = torch.zeros(self.size, device=device, dtype=torch.bool)
+            for g, flag in enumerate(flags):
+                if flag:
+                    rows[g] = True  # a fill on the device: no list crosses to it
+            return rows.view(-1, *([1] * (dims - 1)))
+
+        mixed = [
+            _MixedRows(
+                alpha=slot.alpha,
+                blending=rows_of(slot.blending, buffers[slot.alpha].dim()),
+                training_alpha=rows_of(slot.training, buffers[slot.alpha].dim()).to(
+                    buffers[slot.alpha].dtype
+                ),
+                params={name: rows_of(slot.training, params[name].dim()) for name in slot.params},
+                buffers={
+                    name: rows_of(slot.training, buffers[name].dim()) for name in slot.buffers
+                },
+            )
+            for slot in self._mixed
+        ]
         return _Stacked(
             params=params,
             buffers=buffers,
+            mixed=mixed,
             gate_masks={
                 name: members_with(name, params[name].dim()) for name in self._partial_gates
             },
@@ -771,12 +837,40 @@ class StackedGroup:
                 env.probe = (x[g], y[g])
 
 
+@dataclass(frozen=True)
+class _MixedSlot:
+    """A slot where the group's template blends a seed in and some member's seed, the same
+    one, is in TRAINING: its seed's tensors by name, and per member whether it blends the
+    seed in and whether it incubates it (neither: it lacks the seed)."""
+
+    alpha: str
+    params: list[str]
+    buffers: list[str]
+    blending: list[bool]
+    training: list[bool]
+
+
+@dataclass(frozen=True)
+class _MixedRows:
+    """A :class:`_MixedSlot`'s rows on the device, each mask ``[G, 1, ...]`` shaped for its
+    tensor: the members blending the seed in (for its alpha), the TRAINING members as
+    alpha (1 there, 0 elsewhere), and the TRAINING members for each seed tensor."""
+
+    alpha: str
+    blending: Tensor
+    training_alpha: Tensor
+    params: dict[str, Tensor]
+    buffers: dict[str, Tensor]
+
+
 @dataclass
 class _Stacked:
     """A group's tensors while it trains stacked (``[G, ...]`` each), and its running sums."""
 
     params: dict[str, Tensor]
     buffers: dict[str, Tensor]
+    #: Per slot of ``StackedGroup._mixed``, its rows.
+    mixed: list[_MixedRows]
     #: Per gate some member lacks: ``[G, 1, ...]`` bool, the members that have it.
     gate_masks: dict[str, Tensor]
     #: Per alpha of a seed blending in that some member lacks: ``[G]`` bool, the members
@@ -841,7 +935,10 @@ def _with_missing(
     member's row (its gradient there is 0, and the row is never written back), and
     ``buffers`` with the alpha of each seed blending in that some member lacks (and, in
     the incubation pass, the scale of each seed in TRAINING that some member lacks) set
-    to 0 on that member's row: its seed rows then add exactly nothing."""
+    to 0 on that member's row: its seed rows then add exactly nothing. At a mixed slot
+    (``StackedGroup._mixed``) a member incubating the seed runs it at alpha 0 in the
+    host's pass, as its own TRAINING slot passes the host's activation on, and at alpha 1
+    in the incubation pass (and its seed's gate, which TRAINING does not run, as 1)."""
     if stacked.gate_masks:
         params = params | {
             name: torch.where(has, params[name], _NO_GATE_LOGIT)
@@ -851,6 +948,13 @@ def _with_missing(
     if masks:
         buffers = buffers | {
             name: torch.where(has, buffers[name], 0.0) for name, has in masks.items()
+        }
+    if stacked.mixed:  # a seed some members blend in and others incubate
+        buffers = buffers | {
+            mixed.alpha: torch.where(
+                mixed.blending, buffers[mixed.alpha], mixed.training_alpha if incubating else 0.0
+            )
+            for mixed in stacked.mixed
         }
     return params, buffers
 
