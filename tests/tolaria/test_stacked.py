@@ -138,15 +138,15 @@ def run_both(
 
 def test_envs_group_by_architecture_seeds_and_stages_but_not_alpha() -> None:
     """Envs 2 and 3 incubate the same seed, which the host's pass goes through: they
-    train with the plain envs 0 and 1 (env 2 is the template: it runs their incubation
-    pass). Envs 4 and 5 blend a widening in at different alphas; envs 8 and 9 merged a
-    widening into stage0, so their layers are wider: they train with 4 and 5, padded
-    (every seed of the four is a widening), but not with 2 and 3, whose residual seed
-    must match its slot's width. Env 10 incubates the widening that 4 and 5 blend in:
-    it trains with them (run at alpha 0 in the host's pass)."""
+    train with the plain envs 0 and 1, and with envs 4 and 5, which blend a widening in
+    at different alphas in stage1, and env 10, which incubates that widening (run at
+    alpha 0 in the host's pass): no member runs both seeds, so the group's template is
+    built (env 2's host with env 5's stage1). Envs 8 and 9 merged a widening into stage0,
+    so their layers are wider: they cannot be padded beside 2 and 3, whose residual seed
+    must match its slot's width. Envs 6 and 7 hold another seed in stage1."""
     envs = cnn_envs()
     groups, alone = stack_groups(envs)
-    assert groups == [[0, 1, 2, 3], [4, 5, 8, 9, 10], [6, 7]]
+    assert groups == [[0, 1, 2, 3, 4, 5, 10], [6, 7], [8, 9]]
     assert alone == []
     alphas = [envs[i].model.slot("stage1").alpha for i in (4, 5)]
     assert alphas[0] != alphas[1]
@@ -328,10 +328,12 @@ def envs_with_and_without_gates() -> list[GrowingHost]:
 
 
 def test_envs_with_and_without_a_gate_group_where_one_member_has_every_gate() -> None:
-    """Envs 9 and 10 blend the seed of envs 0-2 and one more; 9 runs the members without
-    a gate in stage1 (0, 2), 10 the gated one (1). No member has both their gates."""
+    """Envs 0-2 blend a seed in stage1 (1 gated), 3 and 4 another in stage0 (4 gated): one
+    group, run by env 1's host with env 4's stage0 (no member has both). Envs 9 and 10
+    blend seeds in both slots, with gates in different ones: a group of their own, its
+    template built the same way."""
     groups, alone = stack_groups(envs_with_and_without_gates())
-    assert groups == [[0, 2, 9], [1, 10], [3, 4], [7, 8], [5, 6]]
+    assert groups == [[0, 1, 2, 3, 4], [7, 8], [9, 10], [5, 6]]
     assert alone == []
 
 
@@ -353,19 +355,27 @@ def test_a_member_without_a_gate_runs_the_templates_gate_as_one() -> None:
     assert accs[1].seed_grads_finite().tolist() == [True, False]
 
 
-def test_a_group_no_member_of_which_has_every_gate_is_refused() -> None:
+def test_a_group_no_member_of_which_runs_every_seed_runs_a_template_built_for_it() -> None:
+    """Envs 9 and 10 gate different slots' seeds: no member's forward runs both gates,
+    so the group's template is a copy of one member's host with the other's gated slot,
+    and the group trains as its members would alone."""
     envs = envs_with_and_without_gates()[9:]
-    with pytest.raises(ValueError, match="has every gate"):
-        StackedGroup(envs, accumulators(envs))
+    group = StackedGroup(envs, accumulators(envs))
+    assert all(group.template is not env.model for env in envs)
+    assert [type(slot.gate) for slot in group.template.iter_slots()] == [
+        type(envs[0].model.slot("stage0").gate),
+        type(envs[1].model.slot("stage1").gate),
+    ]
+    run_both(lambda: envs_with_and_without_gates()[9:], image_loaders(n_train=64, batch=16))
 
 
-def test_gates_split_a_key_group_where_they_differ_or_no_member_has_them_all() -> None:
+def test_gates_split_a_key_group_only_where_they_differ() -> None:
     a, b = ((4,), "lr 0.1, no buffer"), ((4,), "lr 0.1, a buffer")
     split = stacked_module._split_by_optional
     assert split([0, 1, 2], [{}, {"g1": a}, {}]) == [[0, 1, 2]]
     assert split([0, 1, 2], [{"g1": a}, {"g1": b}, {}]) == [[0, 2], [1]]
     assert split([0, 1, 2], [{"g1": a}, {"g2": a}, {"g1": a, "g2": a}]) == [[0, 1, 2]]
-    assert split([0, 1, 2], [{"g1": a}, {"g2": a}, {}]) == [[0, 2], [1]]
+    assert split([0, 1, 2], [{"g1": a}, {"g2": a}, {}]) == [[0, 1, 2]]
 
 
 def envs_with_seeds_blending_in() -> list[GrowingHost]:
@@ -466,11 +476,11 @@ def test_envs_whose_layers_merged_different_widenings_train_as_one_group(
     made = envs_of_different_widths()
     widths = {tuple(env.model.state_dict()["stages.1.body.0.weight"].shape) for env in made}
     assert len(widths) == 4  # stage1's first conv: two output and two input widths
-    # 5 incubates, 6 blends in, a widening at stage0 where 1-4 merged one: a group apart
-    assert stack_groups(made) == ([[0, 1, 2, 3, 4], [5, 6]], [])
+    # 5 incubates, 6 blends in, a widening at stage0 where 1-4 merged one
+    assert stack_groups(made) == ([[0, 1, 2, 3, 4, 5, 6]], [])
     steps = count_stacked_steps(monkeypatch)
     per_env, stacked = run_both(envs_of_different_widths, image_loaders(n_train=64, batch=35))
-    assert steps and set(steps) == {5, 2}
+    assert steps and set(steps) == {7}
     for a, b in zip(per_env, stacked, strict=True):
         shapes = {name: t.shape for name, t in a.model.state_dict().items()}
         assert shapes == {name: t.shape for name, t in b.model.state_dict().items()}

@@ -36,15 +36,17 @@ back first), and a group that ran out of memory (its envs finish the epoch alone
 Results equal the per-env path's up to float rounding: the elementwise work (SGD, batch
 norm statistics, the blend) is the same arithmetic, while a stacked convolution or matrix
 product sums in another order. ``tests/tolaria/test_stacked.py`` states and checks the
-tolerance. A stacked forward runs one member's host as the template with the group's
-tensors swapped in (``torch.func.functional_call``), so everything that steers the
-forward in Python (seed types and blueprints, what a stage does) is part of the group's
-key, and the template is a member that has every gate, seed blending in and seed in
-TRAINING any member has.
+tolerance. A stacked forward runs one host as the template with the group's tensors
+swapped in (``torch.func.functional_call``), so everything that steers the forward in
+Python (seed types and blueprints, what a stage does) is part of the group's key or of
+what members that have it must agree on, and the template runs every gate, seed
+blending in and seed in TRAINING any member has: a member that has them all, or, where
+none does, a copy of one member's host with the other members' seeds' slots copied in.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -364,16 +366,13 @@ def _split_by_optional(
     members: list[int], signatures: list[dict[str, Hashable]], sizes: list[Sizes] | None = None
 ) -> list[list[int]]:
     """Envs of one :func:`stack_key` in parts that can train as one: in a part, the members
-    that have an entry of :func:`_optional_signature` agree on it, and one member has
-    every entry any member has (the group's template: its forward runs them all); and
-    members whose ``sizes`` differ both pad exactly (:func:`pads_exactly`; None: every
-    size agrees).
+    that have an entry of :func:`_optional_signature` agree on it (the group's template
+    runs every entry any member has: a member with them all, or a host built for the
+    group, :func:`_built_template`); and members whose ``sizes`` differ both pad exactly
+    (:func:`pads_exactly`; None: every size agrees).
 
-    Greedy, twice: in env order, and with the members that have the most entries (those
-    that can run a group) first; whichever leaves fewer envs alone (env order on a tie).
-    Neither is best everywhere: the second finds a template that comes late in env order,
-    the first did better on a real fit (benchmarks/README.md, "How much of a real fit
-    stacks"). Each part in env order."""
+    Greedy, twice: in env order, and with the members that have the most entries first;
+    whichever leaves fewer envs alone (env order on a tie). Each part in env order."""
     by_entries = sorted(range(len(members)), key=lambda k: (-len(signatures[k]), k))
     sizes = sizes or [({}, True)] * len(members)
     tries = [_greedy_parts(members, signatures, sizes, order) for order in (None, by_entries)]
@@ -400,12 +399,10 @@ def _greedy_parts(
             union = {name: s for sig in theirs for name, s in sig.items()}
             if any(union.get(name, s) != s for name, s in mine.items()):
                 continue
-            union.update(mine)
-            if any(union.keys() <= sig.keys() for sig in (*theirs, mine)):
-                indices.append(i)
-                theirs.append(mine)
-                their_sizes.append(sizes[k])
-                break
+            indices.append(i)
+            theirs.append(mine)
+            their_sizes.append(sizes[k])
+            break
         else:
             parts.append(([i], [mine], [sizes[k]]))
     return sorted(sorted(indices) for indices, _, _ in parts)
@@ -447,18 +444,18 @@ class StackedGroup:
         views = views or [EnvView.of(env) for env in self.envs]
         signatures = [_optional_signature(env, view) for env, view in zip(envs, views, strict=True)]
         every = {name for signature in signatures for name in signature}
-        #: The member whose model runs every member's forward: one with every gate, seed
-        #: blending in and seed in TRAINING that any member has.
-        self._lead = next((g for g, sig in enumerate(signatures) if every <= sig.keys()), -1)
-        if self._lead < 0:
-            raise ValueError(
-                "no member of this group has every gate and seed its members have (blending "
-                "in or in TRAINING); group envs with stack_groups, which keeps such envs apart"
-            )
-        leader = self.envs[self._lead]
-        self.template = leader.model
-        lead_view = views[self._lead]
-        names = {id(p): name for name, p in lead_view.named[0].items()}
+        #: The model that runs every member's forward: a member with every gate, seed
+        #: blending in and seed in TRAINING that any member has, else one built for the
+        #: group (:func:`_built_template`), whose own tensors no step touches.
+        lead = next((g for g, sig in enumerate(signatures) if every <= sig.keys()), None)
+        if lead is None:
+            self.template, slot_owners = _built_template(self.envs, signatures)
+            template_named = _named(self.template)
+        else:
+            self.template = self.envs[lead].model
+            slot_owners = {slot_id: self.envs[lead] for slot_id in self.template.slot_ids}
+            template_named = views[lead].named
+        names = {id(p): name for name, p in template_named[0].items()}
         #: Per env, the parameters and buffers its step uses, by name: the same names for
         #: every member, but for the optional ones it lacks (an idle seed's are left out,
         #: and with them the template's, whose own tensors ``functional_call`` keeps but
@@ -467,6 +464,10 @@ class StackedGroup:
         optional = [optional_tensors(e.model, v.named) for e, v in zip(envs, views, strict=True)]
         self._params = [t[0] | o[0] for t, o in zip(trained, optional, strict=True)]
         self._buffers = [t[1] | o[1] for t, o in zip(trained, optional, strict=True)]
+        #: Every stacked tensor by name, in the template's order, as a member holds it:
+        #: what the stacked one is made like (dtype, device, whether it needs a gradient).
+        self._like_params = _first_held(template_named[0], self._params)
+        self._like_buffers = _first_held(template_named[1], self._buffers)
         #: Each stacked tensor's shape: the widest any member has, dimension by dimension
         #: (members whose layers merged different widenings: the others' rows zero-padded).
         self._shapes = {
@@ -494,9 +495,9 @@ class StackedGroup:
         self._optional = set.union(*names_of) - set.intersection(*names_of)
         #: The gates some member lacks, in the template's order: run as 1 on its row.
         self._partial_gates = [
-            name for name in gate_tensors(self.template, lead_view.named) if name in self._optional
+            name for name in gate_tensors(self.template, template_named) if name in self._optional
         ]
-        buffer_names = {id(b): name for name, b in lead_view.named[1].items()}
+        buffer_names = {id(b): name for name, b in template_named[1].items()}
         incubating = incubating_slots(self.template)
 
         def first_param(slot: SeedSlot) -> str | None:
@@ -537,13 +538,16 @@ class StackedGroup:
         self._partial_incubations = {
             buffer_names[id(slot.incubation_tensor)]: first_param(slot) for slot in self._scaled
         }
-        settings = lead_view.settings
+        settings: dict[str, tuple[float, float, float]] = {}  # members agree (stack_key)
+        for mine, view in zip(self._params, views, strict=True):
+            for name, p in mine.items():
+                if id(p) in view.settings:
+                    settings.setdefault(name, view.settings[id(p)])
         #: Parameter names by (lr, momentum, weight decay): one SGD group each.
         self._sgd_groups: dict[tuple[float, float, float], list[str]] = {}
-        for name, p in self._params[self._lead].items():
-            if id(p) in settings:
-                lr, momentum, decay = settings[id(p)]
-                self._sgd_groups.setdefault((lr, momentum, decay), []).append(name)
+        for name in self._like_params:
+            if name in settings:
+                self._sgd_groups.setdefault(settings[name], []).append(name)
         #: Per member, each parameter its step uses, with its optimizer, by name: where
         #: its momentum buffer lives. Only those: a member's idle seed can bear the name of
         #: the template's incubating one, and must get no state from its row.
@@ -552,14 +556,19 @@ class StackedGroup:
             for e, v, params in zip(self.envs, views, self._params, strict=True)
         ]
         #: The slots whose seed the step trains: each member's own optimizer holds them.
-        trained_slots = _trained_slots(leader)
+        slot_ids = self.template.slot_ids
+        trained_slots = [
+            s
+            for s, slot_id in enumerate(slot_ids)
+            if slot_id in slot_owners[slot_id].seed_optimizers
+            and self.template.slot(slot_id).stage not in IDLE_STAGES
+        ]
         #: Their stacked parameters' names, slot by slot (a seed's, then its gate's).
-        stacked_names = self._params[self._lead]
         by_slot = [
             [
                 names[id(p)]
-                for p in leader.model.slot(leader.slot_ids[s]).seed_parameters()
-                if names[id(p)] in stacked_names
+                for p in self.template.slot(slot_ids[s]).seed_parameters()
+                if names[id(p)] in self._like_params
             ]
             for s in trained_slots
         ]
@@ -696,7 +705,7 @@ class StackedGroup:
     # ------------------------------------------------------------------ stacking
     def _stack(self) -> _Stacked:
         """Every member's tensors stacked along a new first dimension (copies)."""
-        lead, shapes = self._params[self._lead], self._shapes
+        lead, shapes = self._like_params, self._shapes
         with torch.no_grad():
             params = {
                 name: torch.stack(
@@ -708,7 +717,7 @@ class StackedGroup:
                 name: torch.stack(
                     [_padded(mine.get(name), shapes[name], b) for mine in self._buffers]
                 )
-                for name, b in self._buffers[self._lead].items()
+                for name, b in self._like_buffers.items()
             }
         optimizers = []
         for (lr, momentum, decay), names in self._sgd_groups.items():
@@ -976,6 +985,45 @@ def _momentum_of(optimizer: torch.optim.Optimizer, param: Tensor) -> Tensor | No
     optimizer's state is a defaultdict, and what it holds goes into checkpoints)."""
     state = optimizer.state.get(param)
     return None if state is None else state.get(MOMENTUM_BUFFER)
+
+
+def _first_held(order: dict[str, Tensor], held: Sequence[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """Each name any of ``held`` has, in ``order``'s order, with the first one's tensor."""
+    first: dict[str, Tensor] = {}
+    for mine in held:
+        for name, tensor in mine.items():
+            first.setdefault(name, tensor)
+    return {name: first[name] for name in (*order, *first) if name in first}
+
+
+def _built_template(
+    envs: Sequence[GrowingHost], signatures: Sequence[dict[str, Hashable]]
+) -> tuple[HostModel, dict[str, GrowingHost]]:
+    """A host that runs every seed a group's members run, where no member does (one blends
+    a seed in at one slot, another at another), and the member each slot came from.
+
+    A copy of the member with the most entries of :func:`_optional_signature`, each slot
+    where another member runs a seed it does not replaced by a copy of that member's
+    (one blending its seed in before one incubating it, a gated one first): the forward
+    runs each seed as the member it came from would. Its own tensors are copies that no
+    step reads or writes; the group's stacked tensors are swapped in."""
+    base = max(range(len(envs)), key=lambda g: (len(signatures[g]), -g))
+    template = copy.deepcopy(envs[base].model)
+    owners = {slot_id: envs[base] for slot_id in template.slot_ids}
+    for slot_id in template.slot_ids:
+        running = [
+            (slot.stage in BLEND_STAGES, slot.gate is not None, -g)
+            for g, env in enumerate(envs)
+            if (slot := env.model.slot(slot_id)).seed is not None
+            and (slot.stage in BLEND_STAGES or slot.stage is SeedStage.TRAINING)
+        ]
+        if not running:
+            continue
+        donor = -max(running)[2]
+        if donor != base:
+            template.slots[slot_id] = copy.deepcopy(envs[donor].model.slot(slot_id))
+            owners[slot_id] = envs[donor]
+    return template, owners
 
 
 def _widest(shapes: Sequence[torch.Size]) -> torch.Size:
