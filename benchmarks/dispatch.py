@@ -15,18 +15,26 @@ On a CPU the kernels are not quite free (a stacked step's grouped convolutions g
 the envs), so the figure is an upper bound on the dispatch cost; ``--device cuda``
 measures the same on a GPU, where the kernels run beside the dispatch.
 
-Usage: ``python benchmarks/dispatch.py [--n-envs 4 16 64] [--steps 40] [--device cpu]``
+``--grown`` makes the hosts differ as a fit makes them: each slot of each env, drawn at
+random (seeded), stays empty or holds a widening (the default blueprint) in TRAINING,
+BLENDING or HOLDING, or has merged one (wider layers). The per-env path then runs each
+env's own seeds; a stacked group runs every seed any member runs, on every member.
+
+Usage: ``python benchmarks/dispatch.py [--n-envs 4 16 64] [--steps 40] [--device cpu]
+[--grown]``
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import time
 
 import torch
 from torch import Tensor
 
-from esper.kasmina import GrowingHost
+from esper.contracts import BlendMode, SeedStage
+from esper.kasmina import GateSignals, GrowingHost, LifecycleConfig
 from esper.kasmina.hosts.cnn import CNNHost
 from esper.tolaria.epoch import run_epoch
 from esper.tolaria.host_training import ENGINES, HostTraining
@@ -38,6 +46,36 @@ CLASSES = 10
 #: Images per env per step, and in the one validation batch.
 IMAGES_PER_STEP = 1
 VAL_IMAGES = 8
+#: What ``--grown`` draws for each slot: empty, or a widening at one of these stages.
+GROWN_STAGES: tuple[SeedStage | None, ...] = (
+    None,
+    SeedStage.TRAINING,
+    SeedStage.BLENDING,
+    SeedStage.HOLDING,
+    SeedStage.FOSSILIZED,
+)
+#: Lifecycle gates that let a seed reach any stage at once.
+QUICK = LifecycleConfig(min_training_epochs=0, blend_epochs=2, min_holding_epochs=0)
+PASSING = GateSignals(grads_finite=True, contribution=1.0)
+#: Lifecycle steps a slot may take to reach its stage (each gate passes within a few).
+MAX_ADVANCES = 10
+
+
+def grow(env: GrowingHost, draw: random.Random) -> None:
+    """Each slot of ``env`` left empty or given a widening brought to a drawn stage."""
+    for slot_id in env.slot_ids:
+        stage = draw.choice(GROWN_STAGES)
+        if stage is None:
+            continue
+        env.germinate(slot_id, "widen", BlendMode.LINEAR)
+        slot = env.model.slot(slot_id)
+        for _ in range(MAX_ADVANCES):
+            if slot.stage >= stage:
+                break
+            if not env.advance(slot_id, PASSING):
+                slot.end_epoch()
+        if slot.stage < stage:
+            raise RuntimeError(f"{slot_id} stuck at {slot.stage.name} on the way to {stage.name}")
 
 
 def batches(
@@ -53,13 +91,23 @@ def batches(
     return [batch(n_envs * IMAGES_PER_STEP) for _ in range(steps)], [batch(VAL_IMAGES)]
 
 
-def microseconds_per_env_step(n_envs: int, engine: str, steps: int, device: torch.device) -> float:
+def microseconds_per_env_step(
+    n_envs: int, engine: str, steps: int, device: torch.device, grown: bool = False
+) -> float:
     """Wall per env step of one timed epoch, after one warm-up epoch."""
     torch.manual_seed(0)
     envs = [
-        GrowingHost(CNNHost(IMAGE_SHAPE, CLASSES, channels=CHANNELS, convs_per_stage=1).to(device))
+        GrowingHost(
+            CNNHost(IMAGE_SHAPE, CLASSES, channels=CHANNELS, convs_per_stage=1, lifecycle=QUICK).to(
+                device
+            )
+        )
         for _ in range(n_envs)
     ]
+    if grown:  # seeds are built on their host's device
+        draw = random.Random(0)
+        for env in envs:
+            grow(env, draw)
     train, val = batches(n_envs, steps, device)
     training = HostTraining(engine=engine, cpu_workers=1)
     run_epoch(envs, train, val, training)
@@ -78,19 +126,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="training steps per epoch")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--grown", action="store_true", help="hosts grown apart by drawn widenings")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     print(
         f"dispatch cost on {device}, torch {torch.__version__}, {args.threads} thread(s), "
-        f"{args.steps} steps of {IMAGES_PER_STEP} {IMAGE_SHAPE} image per env",
+        f"{args.steps} steps of {IMAGES_PER_STEP} {IMAGE_SHAPE} image per env"
+        + (", hosts grown apart" if args.grown else ", fresh hosts"),
         flush=True,
     )
     rows = [
         (
             n,
             {
-                engine: microseconds_per_env_step(n, engine, args.steps, device)
+                engine: microseconds_per_env_step(n, engine, args.steps, device, args.grown)
                 for engine in ENGINES
             },
         )

@@ -24,3 +24,21 @@ def test_it_prints_each_engines_cost_per_env_step_and_their_ratio(
     assert float(per_env) > 0 and float(stacked) > 0
     assert float(ratio.rstrip("x")) == pytest.approx(float(per_env) / float(stacked), rel=0.02)
     assert steps == [2] * (3 + 3)  # warm-up and timed epoch: every step stacked
+
+
+def test_grown_hosts_differ_as_a_fit_makes_them_and_still_stack(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    steps = count_stacked_steps(monkeypatch)
+    monkeypatch.setattr(sys, "argv", ["dispatch.py", "--n-envs", "4", "--steps", "2", "--grown"])
+    dispatch.main()
+    out = capsys.readouterr().out
+    assert "hosts grown apart" in out
+    assert [line for line in out.splitlines() if line.startswith("| 4 |")]
+    assert steps == [4] * (2 + 2)  # every grown env in one group, every step
+    envs = [dispatch.GrowingHost(dispatch.CNNHost(lifecycle=dispatch.QUICK)) for _ in range(8)]
+    draw = dispatch.random.Random(0)
+    for env in envs:
+        dispatch.grow(env, draw)
+    stages = {slot.stage for env in envs for slot in env.model.iter_slots()}
+    assert len(stages) >= 4  # the drawn stages are reached, not left where planted
