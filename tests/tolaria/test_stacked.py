@@ -419,6 +419,19 @@ def test_stacked_epochs_with_seeds_blending_in_at_other_slots_equal_the_per_env_
     assert list(stacked[3].seed_optimizers) == ["stage1"]
 
 
+def transformers_stack_as_one_group(plan: Plan, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Transformer envs planted by ``plan`` form one group, which trains every step stacked
+    and ends where the per-env path ends."""
+
+    def envs() -> list[GrowingHost]:
+        return planted(plan, lambda: TransformerHost(seq_len=12, d_model=32, lifecycle=FAST))
+
+    assert stack_groups(envs()) == ([list(range(len(plan)))], [])
+    steps = count_stacked_steps(monkeypatch)
+    run_both(envs, token_loaders())
+    assert steps and set(steps) == {len(plan)}
+
+
 def test_transformer_envs_with_seeds_blending_in_at_other_blocks_equal_the_per_env_path(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -433,14 +446,7 @@ def test_transformer_envs_with_seeds_blending_in_at_other_blocks_equal_the_per_e
         ],
         [("block1", "widen", BlendMode.LINEAR, SeedStage.HOLDING)],
     ]
-
-    def envs() -> list[GrowingHost]:
-        return planted(plan, lambda: TransformerHost(seq_len=12, d_model=32, lifecycle=FAST))
-
-    assert stack_groups(envs()) == ([[0, 1, 2, 3]], [])
-    steps = count_stacked_steps(monkeypatch)
-    run_both(envs, token_loaders())
-    assert steps and set(steps) == {4}
+    transformers_stack_as_one_group(plan, monkeypatch)
 
 
 def envs_of_different_widths() -> list[GrowingHost]:
@@ -556,14 +562,7 @@ def test_a_member_incubating_the_seed_the_template_blends_in_trains_as_alone(
         [],
         [("block1", "lora", BlendMode.LINEAR, SeedStage.TRAINING)],
     ]
-
-    def envs() -> list[GrowingHost]:
-        return planted(plan, lambda: TransformerHost(seq_len=12, d_model=32, lifecycle=FAST))
-
-    assert stack_groups(envs()) == ([[0, 1, 2, 3]], [])
-    steps = count_stacked_steps(monkeypatch)
-    run_both(envs, token_loaders())
-    assert steps and set(steps) == {4}
+    transformers_stack_as_one_group(plan, monkeypatch)
 
 
 def test_a_seed_just_planted_where_the_template_blends_one_keeps_its_flags() -> None:
