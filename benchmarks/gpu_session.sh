@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 35's GPU checks as one device call: benchmarks/launch_strategies.py (the ways an
 # engine could launch, in plain PyTorch: the figures that choose it), the CUDA tests,
-# benchmarks/gpu.py for both engines, then benchmarks/dispatch.py on CUDA. Written for
+# benchmarks/gpu.py for both engines, then benchmarks/dispatch.py on CUDA (fresh and grown
+# hosts). Written for
 # the `device` tool's machines (torch, lightning, pytest and hypothesis installed there;
 # no network), where it runs from the repository root as
 #   bash benchmarks/gpu_session.sh            (figures and logs land in $OUT)
@@ -32,7 +33,10 @@ timeout 120 "$py" benchmarks/launch_strategies.py --device "$device" --n-envs $l
 timeout 150 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/tolaria tests/mdp \
   tests/kasmina 2>&1 | tee "$out/gpu_tests.txt"
 # shellcheck disable=SC2086
-timeout 240 "$py" benchmarks/gpu.py --device "$device" --n-envs $envs --epochs "$epochs" 2>&1 \
+timeout 210 "$py" benchmarks/gpu.py --device "$device" --n-envs $envs --epochs "$epochs" 2>&1 \
   | tee "$out/gpu_bench.txt"
-timeout 45 "$py" benchmarks/dispatch.py --device "$device" 2>&1 | tee "$out/dispatch.txt"
+timeout 40 "$py" benchmarks/dispatch.py --device "$device" 2>&1 | tee "$out/dispatch.txt"
+# Hosts as different as a fit makes them: what a stacked group running every seed costs.
+timeout 40 "$py" benchmarks/dispatch.py --device "$device" --grown 2>&1 \
+  | tee "$out/dispatch_grown.txt"
 echo "logs in $out"
