@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from esper.contracts import BlendMode, SeedStage
@@ -523,6 +525,27 @@ def test_what_pads_a_narrower_member_stays_zero_through_a_stacked_step() -> None
                 assert tensor[outside].abs().max() == 0, f"env {g} {name}"
                 checked += 1
     assert checked >= 10  # every narrower member's padded conv, norm and head tensors
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=4), min_size=1, max_size=5))
+def test_padding_to_the_widest_shape_holds_each_member_and_gives_it_back(
+    raw: list[list[int]],
+) -> None:
+    """Each member's tensor, padded to the widest shape and cut back, is itself; what the
+    padding added is zeros; the widest shape is the smallest that holds every member."""
+    dims = len(raw[0])
+    shapes = [torch.Size((sizes * dims)[:dims]) for sizes in raw]
+    widest = stacked_module._widest(shapes)
+    assert all(max(shape[d] for shape in shapes) == widest[d] for d in range(dims))
+    for k, shape in enumerate(shapes):
+        tensor = torch.arange(shape.numel(), dtype=torch.float32).reshape(shape) + k + 1
+        padded = stacked_module._padded(tensor, widest, tensor)
+        assert padded.shape == widest
+        back = stacked_module._unpadded(padded, shape)
+        assert torch.equal(back, tensor)
+        assert padded.abs().sum() == tensor.abs().sum()  # only zeros added
+    assert torch.equal(stacked_module._padded(None, widest, torch.ones(())), torch.zeros(widest))
 
 
 def test_a_residual_seed_keeps_its_group_at_one_width() -> None:
