@@ -371,6 +371,26 @@ def test_a_group_no_member_of_which_runs_every_seed_runs_a_template_built_for_it
     run_both(lambda: envs_with_and_without_gates()[9:], image_loaders(n_train=64, batch=16))
 
 
+def test_a_built_template_runs_the_gate_of_a_fossilized_seed_that_some_member_has() -> None:
+    """Fossilized seeds with and without a gate share a key (the gate runs as 1 where
+    missing). Env 0 has the most entries (a seed blending in), so the template is built
+    from it; its fossilized seed has no gate, env 1's has one: the template takes env
+    1's slot. A template without the gate failed in the forward (found in a real
+    transformer fit)."""
+    plan: Plan = [
+        [
+            ("stage1", "conv_light", BlendMode.LINEAR, SeedStage.FOSSILIZED),
+            ("stage0", "depthwise", BlendMode.LINEAR, SeedStage.BLENDING),
+        ],
+        [("stage1", "conv_light", BlendMode.GATED, SeedStage.FOSSILIZED)],
+    ]
+    made = planted(plan)
+    assert stack_groups(made) == ([[0, 1]], [])
+    group = StackedGroup(made, accumulators(made))
+    assert group.template.slot("stage1").gate is not None
+    run_both(lambda: planted(plan), image_loaders(n_train=32, batch=16))
+
+
 def test_gates_split_a_key_group_only_where_they_differ() -> None:
     a, b = ((4,), "lr 0.1, no buffer"), ((4,), "lr 0.1, a buffer")
     split = stacked_module._split_by_optional

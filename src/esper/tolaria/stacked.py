@@ -468,6 +468,14 @@ class StackedGroup:
         #: what the stacked one is made like (dtype, device, whether it needs a gradient).
         self._like_params = _first_held(template_named[0], self._params)
         self._like_buffers = _first_held(template_named[1], self._buffers)
+        unrun = (self._like_params.keys() - template_named[0].keys()) | (
+            self._like_buffers.keys() - template_named[1].keys()
+        )
+        if unrun:
+            raise ValueError(
+                f"this group's template has no {sorted(unrun)} that its members train; "
+                "group envs with stack_groups, which builds a template that has them"
+            )
         #: Each stacked tensor's shape: the widest any member has, dimension by dimension
         #: (members whose layers merged different widenings: the others' rows zero-padded).
         self._shapes = {
@@ -1003,19 +1011,19 @@ def _built_template(
     a seed in at one slot, another at another), and the member each slot came from.
 
     A copy of the member with the most entries of :func:`_optional_signature`, each slot
-    where another member runs a seed it does not replaced by a copy of that member's
-    (one blending its seed in before one incubating it, a gated one first): the forward
-    runs each seed as the member it came from would. Its own tensors are copies that no
-    step reads or writes; the group's stacked tensors are swapped in."""
+    taken from the member that runs the most there: one blending a seed in before one
+    incubating it, one whose gate the forward runs before one without (a fossilized seed
+    with a gate beside one without shares a key). The forward runs each seed as the
+    member it came from would. Its own tensors are copies that no step reads or writes;
+    the group's stacked tensors are swapped in."""
     base = max(range(len(envs)), key=lambda g: (len(signatures[g]), -g))
     template = copy.deepcopy(envs[base].model)
     owners = {slot_id: envs[base] for slot_id in template.slot_ids}
     for slot_id in template.slot_ids:
         running = [
-            (slot.stage in BLEND_STAGES, slot.gate is not None, -g)
+            (slot.stage in BLEND_STAGES, slot.gate is not None and slot.stage in GATE_STAGES, -g)
             for g, env in enumerate(envs)
-            if (slot := env.model.slot(slot_id)).seed is not None
-            and (slot.stage in BLEND_STAGES or slot.stage is SeedStage.TRAINING)
+            if (slot := env.model.slot(slot_id)).seed is not None and slot.stage not in IDLE_STAGES
         ]
         if not running:
             continue
