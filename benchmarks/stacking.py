@@ -6,7 +6,9 @@ whose seeds differ from every other env's trains alone. ``benchmarks/gpu.py`` ti
 best case (fresh, alike hosts). This script runs ``esper fit`` as a user would, with
 ``--model.engine stacked`` and the arguments given after ``--``, and counts, at every
 host epoch, how the envs fell into groups: the share of env epochs trained in a group,
-and the mean size of the group an env trained in.
+the mean size of the group an env trained in, and the steps each batch takes (a step
+per group and one per env alone: the sets of launches a GPU would see; a batch whose
+shares differ in size trains its groups env by env, which this does not count).
 
 Usage: ``python benchmarks/stacking.py [-- FIT ARGUMENTS]``, e.g.
 ``python benchmarks/stacking.py -- --model.n_envs 8 --trainer.max_epochs 3``
@@ -28,6 +30,7 @@ from esper.tolaria import stacked
 def count_groups(fit_arguments: Sequence[str]) -> dict[str, float]:
     """Run the fit with the stacked engine; tally every host epoch's grouping."""
     tally = {"epochs": 0, "env_epochs": 0, "stacked_env_epochs": 0, "group_size_sum": 0}
+    tally["steps"] = 0  # per batch: one per group, one per env alone
     real_stack_groups = stacked.stack_groups
 
     def counted(
@@ -36,6 +39,7 @@ def count_groups(fit_arguments: Sequence[str]) -> dict[str, float]:
         groups, alone = real_stack_groups(envs, views)
         tally["epochs"] += 1
         tally["env_epochs"] += len(envs)
+        tally["steps"] += len(groups) + len(alone)
         for group in groups:
             tally["stacked_env_epochs"] += len(group)
             tally["group_size_sum"] += len(group) ** 2  # each member's group size
@@ -57,6 +61,7 @@ def count_groups(fit_arguments: Sequence[str]) -> dict[str, float]:
         "env_epochs": tally["env_epochs"],
         "stacked_share": stacked_share,
         "mean_group": mean_group,
+        "steps_per_batch": tally["steps"] / max(tally["epochs"], 1),
     }
 
 
@@ -67,11 +72,12 @@ def main() -> None:
     result = count_groups(args.fit_arguments)
     print()
     print(f"esper fit --model.engine stacked {' '.join(args.fit_arguments)}")
-    print("| host epochs | env epochs | trained in a group | mean group size |")
-    print("|---:|---:|---:|---:|")
+    print("| host epochs | env epochs | trained in a group | mean group size | steps per batch |")
+    print("|---:|---:|---:|---:|---:|")
     print(
         f"| {result['host_epochs']} | {result['env_epochs']} | "
-        f"{result['stacked_share']:.1%} | {result['mean_group']:.2f} |"
+        f"{result['stacked_share']:.1%} | {result['mean_group']:.2f} | "
+        f"{result['steps_per_batch']:.2f} |"
     )
 
 

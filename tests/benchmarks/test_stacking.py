@@ -23,5 +23,7 @@ def test_the_tally_counts_every_host_epoch_and_the_envs_that_trained_stacked(
     # The first epoch's four envs start alike (paired): at least one group of 4 then.
     assert 4 / 12 <= result["stacked_share"] <= 1
     assert 2 <= result["mean_group"] <= 4
+    # A step per group and per env alone, every batch: 1 (all four stacked) to 4.
+    assert 1 <= result["steps_per_batch"] <= 4
     assert steps and max(steps) == 4  # the engine itself stacked that group
     assert stacking.epoch_module.stack_groups is stacking.stacked.stack_groups  # restored
