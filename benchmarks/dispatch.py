@@ -27,14 +27,13 @@ Usage: ``python benchmarks/dispatch.py [--n-envs 4 16 64] [--steps 40] [--device
 from __future__ import annotations
 
 import argparse
-import random
 import time
 
 import torch
+from grown import QUICK, grown_apart
 from torch import Tensor
 
-from esper.contracts import BlendMode, SeedStage
-from esper.kasmina import GateSignals, GrowingHost, LifecycleConfig
+from esper.kasmina import GrowingHost
 from esper.kasmina.hosts.cnn import CNNHost
 from esper.tolaria.epoch import run_epoch
 from esper.tolaria.host_training import ENGINES, HostTraining
@@ -46,36 +45,6 @@ CLASSES = 10
 #: Images per env per step, and in the one validation batch.
 IMAGES_PER_STEP = 1
 VAL_IMAGES = 8
-#: What ``--grown`` draws for each slot: empty, or a widening at one of these stages.
-GROWN_STAGES: tuple[SeedStage | None, ...] = (
-    None,
-    SeedStage.TRAINING,
-    SeedStage.BLENDING,
-    SeedStage.HOLDING,
-    SeedStage.FOSSILIZED,
-)
-#: Lifecycle gates that let a seed reach any stage at once.
-QUICK = LifecycleConfig(min_training_epochs=0, blend_epochs=2, min_holding_epochs=0)
-PASSING = GateSignals(grads_finite=True, contribution=1.0)
-#: Lifecycle steps a slot may take to reach its stage (each gate passes within a few).
-MAX_ADVANCES = 10
-
-
-def grow(env: GrowingHost, draw: random.Random) -> None:
-    """Each slot of ``env`` left empty or given a widening brought to a drawn stage."""
-    for slot_id in env.slot_ids:
-        stage = draw.choice(GROWN_STAGES)
-        if stage is None:
-            continue
-        env.germinate(slot_id, "widen", BlendMode.LINEAR)
-        slot = env.model.slot(slot_id)
-        for _ in range(MAX_ADVANCES):
-            if slot.stage >= stage:
-                break
-            if not env.advance(slot_id, PASSING):
-                slot.end_epoch()
-        if slot.stage < stage:
-            raise RuntimeError(f"{slot_id} stuck at {slot.stage.name} on the way to {stage.name}")
 
 
 def batches(
@@ -105,9 +74,7 @@ def microseconds_per_env_step(
         for _ in range(n_envs)
     ]
     if grown:  # seeds are built on their host's device
-        draw = random.Random(0)
-        for env in envs:
-            grow(env, draw)
+        grown_apart(envs)
     train, val = batches(n_envs, steps, device)
     training = HostTraining(engine=engine, cpu_workers=1)
     run_epoch(envs, train, val, training)

@@ -17,15 +17,17 @@ counterfactual replicas). One warm-up epoch, then ``--epochs`` timed epochs:
 
 Each row is run by each of ``--engines`` (``HostTraining.engine``): ``per_env`` trains
 each env's host on its own (a CUDA stream each), ``stacked`` trains envs of one
-architecture as one mapped network (``esper.tolaria.stacked``). The hosts here are fresh
-and alike, so every env trains stacked: the best case for ``stacked``; envs whose seeds
-differ train in smaller groups or alone.
+architecture as one mapped network (``esper.tolaria.stacked``). The hosts are fresh and
+alike, so every env trains stacked with no seed to run: the best case for ``stacked``.
+``--grown`` grows them apart as a fit does (``benchmarks/grown.py``: widenings at drawn
+stages, some merged), so a stacked group runs every seed any member runs, on every
+member, and the per-env path each env's own.
 
 It prints one table for benchmarks/README. On one H100 the defaults take about two
 minutes; ``--n-envs 2 --epochs 1 --train-images 64`` runs it in seconds on a CPU.
 
 Usage: ``python benchmarks/gpu.py [--device cuda] [--n-envs 4 16 64] [--epochs 2]
-[--hosts predecessor gpu] [--engines per_env stacked]``
+[--hosts predecessor gpu] [--engines per_env stacked] [--grown]``
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import time
 from typing import Any
 
 import torch
+from grown import QUICK, grown_apart
 from torch import Tensor
 
 from esper.kasmina import GrowingHost
@@ -120,10 +123,13 @@ def measure(
                 n_classes=CLASSES,
                 channels=spec["channels"],
                 convs_per_stage=spec["convs_per_stage"],
+                lifecycle=QUICK if args.grown else None,
             ).to(device)
         )
         for _ in range(n_envs)
     ]
+    if args.grown:  # seeds are built on their host's device
+        grown_apart(envs)
     train, val = make_batches(n_envs, spec["images_per_env_step"], args.train_images, device)
 
     training = HostTraining(engine=engine)
@@ -158,13 +164,15 @@ def main() -> None:
     parser.add_argument("--hosts", nargs="+", default=list(HOSTS), choices=list(HOSTS))
     parser.add_argument("--train-images", type=int, default=1000, help="per env per epoch")
     parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    parser.add_argument("--grown", action="store_true", help="hosts grown apart, as in a fit")
     args = parser.parse_args()
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(
         f"host training on {name} ({device}), torch {torch.__version__}, "
         f"{args.epochs} timed epoch(s) of {args.train_images} images per env, "
-        f"threads {torch.get_num_threads()}",
+        f"threads {torch.get_num_threads()}, "
+        + ("hosts grown apart" if args.grown else "fresh hosts"),
         flush=True,
     )
     rows = []

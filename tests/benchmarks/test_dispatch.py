@@ -37,8 +37,6 @@ def test_grown_hosts_differ_as_a_fit_makes_them_and_still_stack(
     assert [line for line in out.splitlines() if line.startswith("| 4 |")]
     assert steps == [4] * (2 + 2)  # every grown env in one group, every step
     envs = [dispatch.GrowingHost(dispatch.CNNHost(lifecycle=dispatch.QUICK)) for _ in range(8)]
-    draw = dispatch.random.Random(0)
-    for env in envs:
-        dispatch.grow(env, draw)
+    dispatch.grown_apart(envs)
     stages = {slot.stage for env in envs for slot in env.model.iter_slots()}
     assert len(stages) >= 4  # the drawn stages are reached, not left where planted

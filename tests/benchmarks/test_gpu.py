@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from tests.benchmarks.loading import load_benchmark
+from tests.tolaria.stacking import count_stacked_steps
 
 gpu = load_benchmark("gpu")
 
@@ -30,3 +31,17 @@ def test_on_a_cpu_it_prints_steps_per_second_per_engine_and_no_busy_share(
     for row in rows:
         assert row.endswith("| n/a |"), row
         assert float(row.split("|")[4]) > 0  # host steps/s
+
+
+def test_grown_hosts_train_stacked_in_one_group_and_say_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    steps = count_stacked_steps(monkeypatch)
+    argv = ["gpu.py", "--device", "cpu", "--n-envs", "4", "--epochs", "1", "--grown"]
+    argv += ["--train-images", "32", "--hosts", "predecessor", "--engines", "stacked"]
+    monkeypatch.setattr(sys, "argv", argv)
+    gpu.main()
+    out = capsys.readouterr().out
+    assert "hosts grown apart" in out
+    assert [line for line in out.splitlines() if line.startswith("| predecessor | 4 | stacked")]
+    assert steps and set(steps) == {4}  # the grown envs train as one group
