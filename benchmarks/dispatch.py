@@ -67,9 +67,13 @@ def microseconds_per_env_step(
     torch.manual_seed(0)
     envs = [
         GrowingHost(
-            CNNHost(IMAGE_SHAPE, CLASSES, channels=CHANNELS, convs_per_stage=1, lifecycle=QUICK).to(
-                device
-            )
+            CNNHost(
+                IMAGE_SHAPE,
+                CLASSES,
+                channels=CHANNELS,
+                convs_per_stage=1,
+                lifecycle=QUICK if grown else None,
+            ).to(device)
         )
         for _ in range(n_envs)
     ]

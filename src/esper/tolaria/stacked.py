@@ -155,13 +155,16 @@ BLEND_STAGES = frozenset({SeedStage.BLENDING, SeedStage.HOLDING})
 _NO_GATE_LOGIT = float("inf")
 
 
-def trained_tensors(model: HostModel, named: Named | None = None) -> Named:
+def trained_tensors(
+    model: HostModel, named: Named | None = None, optional: Named | None = None
+) -> Named:
     """The parameters and buffers, by name, that a training step of ``model`` uses and a
     group's members all have: all but those no pass of the step runs (seeds and their
     gates in :data:`IDLE_STAGES`; the gate of a seed in TRAINING, which its incubation
-    runs at full strength, ungated) and those of :func:`optional_tensors`."""
+    runs at full strength, ungated) and those of :func:`optional_tensors` (``optional``,
+    where the caller has them)."""
     named = named or _named(model)
-    optional_params, optional_buffers = optional_tensors(model, named)
+    optional_params, optional_buffers = optional or optional_tensors(model, named)
     left_out = {id(t) for t in (*optional_params.values(), *optional_buffers.values())}
     for slot in model.iter_slots():
         if slot.seed is None:
@@ -282,8 +285,8 @@ def _size(tensor: Tensor, view: EnvView) -> Hashable:
 
 def _padded_sizes(env: GrowingHost, view: EnvView) -> dict[str, tuple[int, ...]]:
     """The shape of every tensor a step of ``env`` uses that a group may pad, by name."""
-    trained = trained_tensors(env.model, view.named)
     optional = optional_tensors(env.model, view.named)
+    trained = trained_tensors(env.model, view.named, optional)
     return {
         name: tuple(t.shape)
         for part in (trained, optional)
@@ -327,12 +330,13 @@ BLENDS = "blends"
 
 def _optional_signature(env: GrowingHost, view: EnvView | None = None) -> dict[str, Hashable]:
     """What members of a group that have an optional tensor must share: per gate of
-    :func:`gate_tensors`, by name, its shape, dtype and optimizer settings; per slot with a seed blending in or in TRAINING, by slot,
-    the seed's type, blueprint and tensors the same way; and per slot whose seed blends
-    in, an entry ``"<slot>:blends"``. A group's template has every entry any member has,
-    so where some member blends its seed in, the template does: its forward runs the
-    seed for every member, and a member whose seed there is in TRAINING trains with it
-    (:class:`StackedGroup`: alpha 0 in the host's pass, 1 in the incubation pass)."""
+    :func:`gate_tensors`, by name, its shape, dtype and optimizer settings; per slot with
+    a seed blending in or in TRAINING, by slot, the seed's type, blueprint and tensors the
+    same way; and per slot whose seed blends in, an entry ``"<slot>:blends"``. A group's
+    template has every entry any member has, so where some member blends its seed in,
+    the template does: its forward runs the seed for every member, and a member whose
+    seed there is in TRAINING trains with it (:class:`StackedGroup`: alpha 0 in the
+    host's pass, 1 in the incubation pass)."""
     view = view or EnvView.of(env)
     settings = view.settings
 
@@ -460,8 +464,11 @@ class StackedGroup:
         #: every member, but for the optional ones it lacks (an idle seed's are left out,
         #: and with them the template's, whose own tensors ``functional_call`` keeps but
         #: the forward does not run).
-        trained = [trained_tensors(e.model, v.named) for e, v in zip(envs, views, strict=True)]
         optional = [optional_tensors(e.model, v.named) for e, v in zip(envs, views, strict=True)]
+        trained = [
+            trained_tensors(e.model, v.named, o)
+            for e, v, o in zip(envs, views, optional, strict=True)
+        ]
         self._params = [t[0] | o[0] for t, o in zip(trained, optional, strict=True)]
         self._buffers = [t[1] | o[1] for t, o in zip(trained, optional, strict=True)]
         #: Every stacked tensor by name, in the template's order, as a member holds it:
@@ -484,10 +491,10 @@ class StackedGroup:
             for name in {name for mine in tensors for name in mine}
         }
         padded = any(
-            name in mine and mine[name].shape != shape
+            tensor.shape != self._shapes[name]
             for tensors in (self._params, self._buffers)
             for mine in tensors
-            for name, shape in self._shapes.items()
+            for name, tensor in mine.items()
         )
         if padded and not all(view.pad_safe for view in views):
             raise ValueError(
@@ -525,17 +532,17 @@ class StackedGroup:
         #: The template's slots blending a seed in where some member's seed, the same one
         #: (:func:`_optional_signature`), is in TRAINING: run for those members at alpha 0
         #: in the host's pass and 1 in the incubation pass, the only one they learn from.
+        incubated = [{slot.slot_id for slot in incubating_slots(e.model)} for e in self.envs]
         self._mixed = [
             _MixedSlot(
                 alpha=buffer_names[id(slot.alpha_tensor)],
                 params=[names[id(p)] for p in slot.seed.parameters()],
                 buffers=[buffer_names[id(b)] for b in slot.seed.buffers()],
                 blending=[e.model.slot(slot.slot_id).stage in BLEND_STAGES for e in self.envs],
-                training=[e.model.slot(slot.slot_id) in incubating_slots(e.model) for e in envs],
+                training=[slot.slot_id in ids for ids in incubated],
             )
             for slot in blending_slots(self.template)
-            if slot.seed is not None
-            and any(e.model.slot(slot.slot_id) in incubating_slots(e.model) for e in envs)
+            if slot.seed is not None and any(slot.slot_id in ids for ids in incubated)
         ]
         mixed_alphas = {mixed.alpha for mixed in self._mixed}
         self._partial_alphas = {
@@ -748,11 +755,7 @@ class StackedGroup:
 
         def members_with(name: str, dims: int) -> Tensor:
             """``[G, 1, ...]`` bool (``dims`` dimensions), the members that have ``name``."""
-            has = torch.zeros(self.size, device=device, dtype=torch.bool)
-            for g, mine in enumerate(self._params):
-                if name in mine:
-                    has[g] = True  # a fill on the device: no list crosses to it
-            return has.view(-1, *([1] * (dims - 1)))
+            return rows_of([name in mine for mine in self._params], dims)
 
         def rows_of(flags: Sequence[bool], dims: int) -> Tensor:
             """``[G, 1, ...]`` bool (``dims`` dimensions), true on the rows ``flags`` name."""
