@@ -6,8 +6,10 @@ whose hosts have the same architecture, the same seeds in the same stages and th
 optimizer settings differ only in their tensors, so their steps can run as one: every
 parameter, buffer and momentum buffer stacked along a leading env dimension, the forward
 mapped over it with ``torch.func.vmap`` (one grouped kernel where the per-env path
-launched one per env), one backward, one SGD step over the stacked tensors. A seed just
-planted counts as no seed: no pass of the step runs it. A gate that some members' seeds
+launched one per env; a batch norm folds the envs into its channels, one fused kernel as
+each env's own step runs: ``esper.tolaria.stacked_norm``), one backward, one SGD step
+over the stacked tensors. A seed just planted counts as no seed: no pass of the step runs
+it. A gate that some members' seeds
 have and others' lack is run for all of them, at a logit of +inf (a factor of exactly 1)
 on the rows of those that lack it. A seed blending in (BLENDING, HOLDING) that some
 members lack is run for all of them, at an alpha of 0 on the rows of those that lack it:
@@ -64,6 +66,7 @@ from esper.kasmina.slot import SeedSlot
 from esper.kasmina.widening import Widening
 from esper.tolaria.accumulators import EnvAccumulator
 from esper.tolaria.host_training import autocast_to
+from esper.tolaria.stacked_norm import batch_norms, batch_norms_unfolded
 
 #: The fewest envs worth stacking: one env alone gains nothing over its own path.
 MIN_GROUP = 2
@@ -605,6 +608,9 @@ class StackedGroup:
             if slot.seed is not None
             for b in slot.seed.buffers()
         }
+        #: The template's batch norms, run with the envs folded into channels
+        #: (``esper.tolaria.stacked_norm``): one fused kernel each, as each env's own step.
+        self._norms = batch_norms(self.template)
         self._forward = vmap(_forward_loss(self.template), randomness="different")
         self._stacked: _Stacked | None = None
 
@@ -644,7 +650,7 @@ class StackedGroup:
         autocast = autocast_to(x.device.type, autocast_dtype)
         for p in stacked.params.values():
             p.grad = None
-        with self.template.mapped(), autocast:
+        with self.template.mapped(), batch_norms_unfolded(self._norms), autocast:
             params, buffers = _with_missing(stacked, stacked.params, stacked.buffers)
             loss, correct = self._forward(params, buffers, x, y)
         loss.sum().backward()
@@ -687,7 +693,9 @@ class StackedGroup:
             name: b if name in self._incubating_buffers or name in kept else b.clone()
             for name, b in stacked.buffers.items()
         }
-        with self.template.mapped(), seeds_incubating(self._incubating, self._scaled), autocast:
+        norms = batch_norms_unfolded(self._norms)
+        incubating = seeds_incubating(self._incubating, self._scaled)
+        with self.template.mapped(), norms, incubating, autocast:
             params, buffers = _with_missing(stacked, params, buffers, incubating=True)
             seed_loss, _ = self._forward(params, buffers, x, y)
         seed_loss.sum().backward()
