@@ -682,36 +682,31 @@ class StackedGroup:
             else p.detach()
             for name, p in stacked.params.items()
         }
-        # A mixed slot's seed statistics move for its TRAINING rows here; the others were
-        # moved by the host's pass and are put back after this one.
-        kept = {
-            name: (rows, stacked.buffers[name].clone())
-            for mixed in stacked.mixed
-            for name, rows in mixed.buffers.items()
-        }
-        buffers = {
-            name: b if name in self._incubating_buffers or name in kept else b.clone()
-            for name, b in stacked.buffers.items()
-        }
+        # The host's buffers as the host's pass left them, on the group's copies (one
+        # multi-tensor copy, not a clone each), and a mixed slot's seed statistics as
+        # they are: those move for its TRAINING rows here and are put back on the others.
+        copies, sources = stacked.incubation_copies
+        if copies:
+            with torch.no_grad():
+                torch._foreach_copy_(copies, sources)
         norms = batch_norms_unfolded(self._norms)
         incubating = seeds_incubating(self._incubating, self._scaled)
         with self.template.mapped(), norms, incubating, autocast:
-            params, buffers = _with_missing(stacked, params, buffers, incubating=True)
+            params, buffers = _with_missing(
+                stacked, params, stacked.incubation_buffers, incubating=True
+            )
             seed_loss, _ = self._forward(params, buffers, x, y)
         seed_loss.sum().backward()
         with torch.no_grad():
-            for name, (rows, before) in kept.items():
-                stacked.buffers[name].copy_(torch.where(rows, stacked.buffers[name], before))
+            for moved, before, rows in stacked.kept:
+                torch.where(rows, moved, before, out=moved)
 
     @torch.no_grad()
     def _undo_host_pass_statistics(self, stacked: _Stacked) -> None:
         """Put back what the host's pass moved of a mixed slot's seed statistics on its
         TRAINING rows: a seed in TRAINING updates them in its incubation pass only."""
-        before = dict(zip(stacked.buffers, stacked.buffers_before, strict=True))
-        for mixed in stacked.mixed:
-            for name, rows in mixed.buffers.items():
-                moved = stacked.buffers[name]
-                moved.copy_(torch.where(rows, before[name], moved))
+        for moved, before, rows in stacked.undo:
+            torch.where(rows, before, moved, out=moved)
 
     def _update_grad_flags(self, stacked: _Stacked) -> None:
         """AND "this step's gradient is finite" into each member's trained-seed flags."""
@@ -787,10 +782,37 @@ class StackedGroup:
             )
             for slot in self._mixed
         ]
+        buffers_before = {name: b.clone() for name, b in buffers.items()}
+        # The incubation pass's buffers: copies of the host's (its forward moves their
+        # statistics, which the host's must not see), the incubating seeds' own and a
+        # mixed slot's seed statistics as they are (``kept``: restored on the rows the
+        # pass must not move, from copies taken with the others).
+        kept_names = {name for slot in mixed for name in slot.buffers}
+        copied = {
+            name: b.clone()
+            for name, b in buffers.items()
+            if name not in self._incubating_buffers or name in kept_names
+        }
+        incubation_buffers = {
+            name: b if name in self._incubating_buffers or name in kept_names else copied[name]
+            for name, b in buffers.items()
+        }
         return _Stacked(
             params=params,
             buffers=buffers,
             mixed=mixed,
+            undo=[
+                (buffers[name], buffers_before[name], rows)
+                for slot in mixed
+                for name, rows in slot.buffers.items()
+            ],
+            incubation_buffers=incubation_buffers,
+            incubation_copies=(list(copied.values()), [buffers[name] for name in copied]),
+            kept=[
+                (buffers[name], copied[name], rows)
+                for slot in mixed
+                for name, rows in slot.buffers.items()
+            ],
             gate_masks={
                 name: members_with(name, params[name].dim()) for name in self._partial_gates
             },
@@ -802,7 +824,7 @@ class StackedGroup:
                 scale: members_with(seed, buffers[scale].dim())
                 for scale, seed in self._partial_incubations.items()
             },
-            buffers_before=[b.clone() for b in buffers.values()],
+            buffers_before=list(buffers_before.values()),
             optimizers=optimizers,
             loss_sum=torch.zeros(self.size, device=device),
             correct=torch.zeros(self.size, device=device, dtype=torch.long),
@@ -908,6 +930,16 @@ class _Stacked:
     incubation_masks: dict[str, Tensor]
     #: ``buffers`` as the running step found them (in their order).
     buffers_before: list[Tensor]
+    #: Per seed statistic of a mixed slot: the buffer, its entry of ``buffers_before`` and
+    #: its TRAINING rows (``StackedGroup._undo_host_pass_statistics``).
+    undo: list[tuple[Tensor, Tensor, Tensor]]
+    #: The buffers the incubation pass runs on, by name: copies of the host's.
+    incubation_buffers: dict[str, Tensor]
+    #: ``(copies, sources)``: refreshed by one multi-tensor copy before each pass.
+    incubation_copies: tuple[list[Tensor], list[Tensor]]
+    #: Per seed statistic of a mixed slot: the buffer, its copy from before the
+    #: incubation pass and its TRAINING rows, the only ones that pass may move.
+    kept: list[tuple[Tensor, Tensor, Tensor]]
     optimizers: list[torch.optim.Optimizer]
     loss_sum: Tensor
     correct: Tensor
