@@ -20,18 +20,27 @@ random (seeded), stays empty or holds a widening (the default blueprint) in TRAI
 BLENDING or HOLDING, or has merged one (wider layers). The per-env path then runs each
 env's own seeds; a stacked group runs every seed any member runs, on every member.
 
+``--ops`` also counts, in one more epoch per engine, the operators a step issues that
+would each launch a kernel on a GPU (every aten operator but views, bare allocations and
+wrapped Python scalars; a multi-tensor ``_foreach`` operator counts once, as CUDA runs
+it), per env step: a count that does not depend on the machine, so it can be taken here
+for a GPU, where a launch-bound step costs about that many launches.
+
 Usage: ``python benchmarks/dispatch.py [--n-envs 4 16 64] [--steps 40] [--device cpu]
-[--grown]``
+[--grown] [--ops]``
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import time
+from typing import Any
 
 import torch
 from grown import QUICK, grown_apart
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from esper.kasmina import GrowingHost
 from esper.kasmina.hosts.cnn import CNNHost
@@ -60,10 +69,60 @@ def batches(
     return [batch(n_envs * IMAGES_PER_STEP) for _ in range(steps)], [batch(VAL_IMAGES)]
 
 
+#: Operators that launch no kernel: bare allocations, and a Python scalar wrapped as a
+#: host tensor (a kernel's argument). Views (``OpOverload.is_view``) launch none either.
+NO_KERNEL = frozenset(
+    {"empty", "empty_strided", "new_empty", "new_empty_strided", "scalar_tensor", "_unsafe_view"}
+)
+
+
+class KernelOps(TorchDispatchMode):
+    """Counts the aten operators issued within it that would launch a kernel, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
+        name = func.overloadpacket.__name__
+        if not func.is_view and name not in NO_KERNEL:
+            self.counts[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
 def microseconds_per_env_step(
     n_envs: int, engine: str, steps: int, device: torch.device, grown: bool = False
 ) -> float:
     """Wall per env step of one timed epoch, after one warm-up epoch."""
+    envs, train, val, training = setup(n_envs, engine, steps, device, grown)
+    run_epoch(envs, train, val, training)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    tick = time.perf_counter()
+    run_epoch(envs, train, val, training)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - tick) / (steps * n_envs) * 1e6
+
+
+def kernel_ops_per_env_step(
+    n_envs: int, engine: str, steps: int, device: torch.device, grown: bool = False
+) -> float:
+    """:class:`KernelOps` of one epoch (after a warm-up epoch) per env step."""
+    envs, train, val, training = setup(n_envs, engine, steps, device, grown)
+    run_epoch(envs, train, val, training)
+    counter = KernelOps()
+    with counter:
+        run_epoch(envs, train, val, training)
+    return sum(counter.counts.values()) / (steps * n_envs)
+
+
+def setup(
+    n_envs: int, engine: str, steps: int, device: torch.device, grown: bool
+) -> tuple[list[GrowingHost], list[tuple[Tensor, Tensor]], list[tuple[Tensor, Tensor]], Any]:
+    """The same envs and batches for every measurement of one case."""
     torch.manual_seed(0)
     envs = [
         GrowingHost(
@@ -80,15 +139,7 @@ def microseconds_per_env_step(
     if grown:  # seeds are built on their host's device
         grown_apart(envs)
     train, val = batches(n_envs, steps, device)
-    training = HostTraining(engine=engine, cpu_workers=1)
-    run_epoch(envs, train, val, training)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    tick = time.perf_counter()
-    run_epoch(envs, train, val, training)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - tick) / (steps * n_envs) * 1e6
+    return envs, train, val, HostTraining(engine=engine, cpu_workers=1)
 
 
 def main() -> None:
@@ -98,6 +149,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--grown", action="store_true", help="hosts grown apart by drawn widenings")
+    parser.add_argument(
+        "--ops", action="store_true", help="also count kernel-launching operators per env step"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -125,6 +179,14 @@ def main() -> None:
     for n, cost in rows:
         figures = " | ".join(f"{cost[e]:.0f}" for e in ENGINES)
         print(f"| {n} | {figures} | {cost['per_env'] / cost['stacked']:.2f}x |")
+    if not args.ops:
+        return
+    print()
+    print("| envs | " + " | ".join(f"{e} kernel ops / env step" for e in ENGINES) + " |")
+    print("|---:|" + "---:|" * len(ENGINES))
+    for n in args.n_envs:
+        ops = [kernel_ops_per_env_step(n, e, args.steps, device, args.grown) for e in ENGINES]
+        print(f"| {n} | " + " | ".join(f"{count:.1f}" for count in ops) + " |", flush=True)
 
 
 if __name__ == "__main__":

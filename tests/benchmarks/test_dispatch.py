@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+import torch
 
 from tests.benchmarks.loading import load_benchmark
 from tests.tolaria.stacking import count_stacked_steps
@@ -40,3 +41,23 @@ def test_grown_hosts_differ_as_a_fit_makes_them_and_still_stack(
     dispatch.grown_apart(envs)
     stages = {slot.stage for env in envs for slot in env.model.iter_slots()}
     assert len(stages) >= 4  # the drawn stages are reached, not left where planted
+
+
+def test_ops_counts_what_would_launch_a_kernel_per_env_step(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    counter = dispatch.KernelOps()
+    x = torch.randn(4, 3)
+    with counter:
+        x.view(-1)  # a view: no kernel
+        torch.where(x > 0, x, 0.0)  # the wrapped 0.0 is no kernel; the compare and where are
+        torch._foreach_add_([x, x.clone()], 1.0)  # a clone, and one multi-tensor op
+    assert counter.counts == {"gt": 1, "where": 1, "clone": 1, "_foreach_add_": 1}
+    argv = ["dispatch.py", "--n-envs", "4", "--steps", "8", "--ops"]
+    monkeypatch.setattr(sys, "argv", argv)
+    dispatch.main()
+    out = capsys.readouterr().out
+    assert "kernel ops / env step" in out
+    _, ops = [line for line in out.splitlines() if line.startswith("| 4 |")]
+    per_env, stacked = (float(cell) for cell in ops.strip("|").split("|")[1:])
+    assert per_env > stacked > 0  # four envs alike: one stacked step trains them all
