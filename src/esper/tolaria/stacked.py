@@ -611,7 +611,7 @@ class StackedGroup:
         #: The template's batch norms, run with the envs folded into channels
         #: (``esper.tolaria.stacked_norm``): one fused kernel each, as each env's own step.
         self._norms = batch_norms(self.template)
-        self._forward = vmap(_forward_loss(self.template), randomness="different")
+        self._forward = vmap(_forward(self.template), randomness="different")
         self._stacked: _Stacked | None = None
 
     @property
@@ -652,7 +652,9 @@ class StackedGroup:
             p.grad = None
         with self.template.mapped(), batch_norms_unfolded(self._norms), autocast:
             params, buffers = _with_missing(stacked, stacked.params, stacked.buffers)
-            loss, correct = self._forward(params, buffers, x, y)
+            loss, correct = self.template.loss_and_correct_per_env(
+                self._forward(params, buffers, x), y
+            )
         loss.sum().backward()
         if stacked.mixed:
             self._undo_host_pass_statistics(stacked)
@@ -695,7 +697,9 @@ class StackedGroup:
             params, buffers = _with_missing(
                 stacked, params, stacked.incubation_buffers, incubating=True
             )
-            seed_loss, _ = self._forward(params, buffers, x, y)
+            seed_loss, _ = self.template.loss_and_correct_per_env(
+                self._forward(params, buffers, x), y
+            )
         seed_loss.sum().backward()
         with torch.no_grad():
             for moved, before, rows in stacked.kept:
@@ -1102,14 +1106,11 @@ def _corner(shape: torch.Size) -> tuple[slice, ...]:
     return tuple(slice(0, size) for size in shape)
 
 
-def _forward_loss(template: HostModel) -> Callable[..., tuple[Tensor, Tensor]]:
-    """One member's forward and loss, with its tensors swapped into the template."""
+def _forward(template: HostModel) -> Callable[[dict, dict, Tensor], Tensor]:
+    """One member's forward, with its tensors swapped into the template. Its loss is
+    taken outside ``vmap``, for every member at once (``loss_and_correct_per_env``)."""
 
-    def forward_loss(
-        params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, y: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        outputs = functional_call(template, (params, buffers), (x,))
-        loss, correct, _ = template.loss_and_correct(outputs, y)
-        return loss, correct
+    def forward(params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor) -> Tensor:
+        return functional_call(template, (params, buffers), (x,))
 
-    return forward_loss
+    return forward

@@ -87,6 +87,32 @@ def test_per_replica_loss_and_correct_match_each_replica_alone(kind: str) -> Non
         assert torch.allclose(losses[r], loss * n, rtol=1e-5)
 
 
+@pytest.mark.parametrize("kind", HOST_KINDS)
+def test_per_env_loss_and_correct_match_each_env_alone_and_the_mapped_default(
+    kind: str,
+) -> None:
+    host = make_host(kind)
+    torch.manual_seed(4)
+    if kind == "cnn":
+        targets = torch.randint(0, 10, (5, 4))
+        outputs = torch.randn(5, 4, 10, requires_grad=True)
+    else:
+        targets = torch.randint(0, 11, (5, 4, 8))
+        outputs = torch.randn(5, 4, 8, 11, requires_grad=True)
+    losses, correct = host.loss_and_correct_per_env(outputs, targets)
+    mapped_losses, mapped_correct = HostModel.loss_and_correct_per_env(host, outputs, targets)
+    assert losses.shape == correct.shape == (5,)
+    assert torch.equal(correct, mapped_correct)
+    torch.testing.assert_close(losses, mapped_losses, rtol=1e-6, atol=0)
+    for g in range(5):
+        loss, n_correct, _ = host.loss_and_correct(outputs[g], targets[g])
+        assert torch.equal(correct[g], n_correct)
+        torch.testing.assert_close(losses[g], loss, rtol=1e-6, atol=0)
+    (grad,) = torch.autograd.grad(losses.sum(), outputs)
+    (mapped_grad,) = torch.autograd.grad(mapped_losses.sum(), outputs)
+    torch.testing.assert_close(grad, mapped_grad, rtol=1e-6, atol=1e-9)
+
+
 def test_a_host_family_without_widened_kwargs_says_to_implement_it() -> None:
     class Plain(HostModel):
         """A family that never implemented the hook (its other methods are not needed)."""

@@ -12,7 +12,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from esper.kasmina.blueprints import SlotShape
-from esper.kasmina.hosts.base import HostModel, check_widening_factor, integer_roundings
+from esper.kasmina.hosts.base import (
+    HostModel,
+    check_widening_factor,
+    integer_roundings,
+    mean_cross_entropy_per_env,
+)
 from esper.kasmina.lifecycle import LifecycleConfig
 from esper.kasmina.slot import SeedSlot, SlotOutput
 from esper.kasmina.widening import (
@@ -305,3 +310,6 @@ class CNNHost(HostModel):
         loss = F.cross_entropy(outputs, targets)
         correct = (outputs.argmax(dim=-1) == targets).sum()
         return loss, correct, targets.shape[0]
+
+    def loss_and_correct_per_env(self, outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        return mean_cross_entropy_per_env(outputs, targets)

@@ -13,7 +13,12 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from esper.kasmina.blueprints import SlotShape
-from esper.kasmina.hosts.base import HostModel, check_widening_factor, integer_roundings
+from esper.kasmina.hosts.base import (
+    HostModel,
+    check_widening_factor,
+    integer_roundings,
+    mean_cross_entropy_per_env,
+)
 from esper.kasmina.lifecycle import LifecycleConfig
 from esper.kasmina.slot import SeedSlot
 from esper.kasmina.widening import (
@@ -239,3 +244,6 @@ class TransformerHost(HostModel):
         loss = F.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1))
         correct = (outputs.argmax(dim=-1) == targets).sum()
         return loss, correct, targets.numel()
+
+    def loss_and_correct_per_env(self, outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        return mean_cross_entropy_per_env(outputs, targets)
