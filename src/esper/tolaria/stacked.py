@@ -39,7 +39,7 @@ Results equal the per-env path's up to float rounding: the elementwise work (SGD
 norm statistics, the blend) is the same arithmetic, while a stacked convolution or matrix
 product sums in another order. ``tests/tolaria/test_stacked.py`` states and checks the
 tolerance. A stacked forward runs one host as the template with the group's tensors
-swapped in (``torch.func.functional_call``), so everything that steers the forward in
+swapped in (``esper.tolaria.swapped``), so everything that steers the forward in
 Python (seed types and blueprints, what a stage does) is part of the group's key or of
 what members that have it must agree on, and the template runs every gate, seed
 blending in and seed in TRAINING any member has: a member that has them all, or, where
@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, vmap
+from torch.func import vmap
 
 from esper.contracts import SeedStage
 from esper.kasmina.growing_host import GrowingHost
@@ -67,6 +67,7 @@ from esper.kasmina.widening import Widening
 from esper.tolaria.accumulators import EnvAccumulator
 from esper.tolaria.host_training import autocast_to
 from esper.tolaria.stacked_norm import batch_norms, batch_norms_unfolded
+from esper.tolaria.swapped import Swapped
 
 #: The fewest envs worth stacking: one env alone gains nothing over its own path.
 MIN_GROUP = 2
@@ -465,7 +466,7 @@ class StackedGroup:
         names = {id(p): name for name, p in template_named[0].items()}
         #: Per env, the parameters and buffers its step uses, by name: the same names for
         #: every member, but for the optional ones it lacks (an idle seed's are left out,
-        #: and with them the template's, whose own tensors ``functional_call`` keeps but
+        #: and with them the template's, whose own tensors the swap keeps but
         #: the forward does not run).
         optional = [optional_tensors(e.model, v.named) for e, v in zip(envs, views, strict=True)]
         trained = [
@@ -1107,10 +1108,12 @@ def _corner(shape: torch.Size) -> tuple[slice, ...]:
 
 
 def _forward(template: HostModel) -> Callable[[dict, dict, Tensor], Tensor]:
-    """One member's forward, with its tensors swapped into the template. Its loss is
-    taken outside ``vmap``, for every member at once (``loss_and_correct_per_env``)."""
+    """One member's forward, with its tensors swapped into the template
+    (:class:`~esper.tolaria.swapped.Swapped`). Its loss is taken outside ``vmap``, for
+    every member at once (``loss_and_correct_per_env``)."""
+    swapped = Swapped(template)
 
     def forward(params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor) -> Tensor:
-        return functional_call(template, (params, buffers), (x,))
+        return swapped(params, buffers, x)
 
     return forward
