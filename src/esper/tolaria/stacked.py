@@ -603,6 +603,11 @@ class StackedGroup:
         self._incubating_names = {
             names[id(p)] for slot in incubating for p in slot.seed_parameters()
         }
+        #: What the incubation pass trains: the seeds in TRAINING, and a mixed slot's seed
+        #: (on its TRAINING rows: the others run it at alpha 0 there).
+        self._learning_names = self._incubating_names | {
+            name for mixed in self._mixed for name in mixed.params
+        }
         self._incubating_buffers = {
             buffer_names[id(b)]
             for slot in incubating
@@ -676,13 +681,10 @@ class StackedGroup:
     ) -> None:
         """The seed-only pass of the members' seeds in TRAINING (``esper.kasmina.incubation``):
         host parameters out of autograd, host buffers on copies, seeds at alpha 1."""
-        learning = {name: rows for mixed in stacked.mixed for name, rows in mixed.params.items()}
+        # A mixed slot's seed runs at alpha 0 on its other rows here (``_with_missing``):
+        # their gradients from this pass are exact zeros, so only TRAINING rows learn.
         params = {
-            name: p
-            if name in self._incubating_names
-            else torch.where(learning[name], p, p.detach())  # only TRAINING rows learn
-            if name in learning
-            else p.detach()
+            name: p if name in self._learning_names else p.detach()
             for name, p in stacked.params.items()
         }
         # The host's buffers as the host's pass left them, on the group's copies (one
@@ -780,7 +782,6 @@ class StackedGroup:
                 training_alpha=rows_of(slot.training, buffers[slot.alpha].dim()).to(
                     buffers[slot.alpha].dtype
                 ),
-                params={name: rows_of(slot.training, params[name].dim()) for name in slot.params},
                 buffers={
                     name: rows_of(slot.training, buffers[name].dim()) for name in slot.buffers
                 },
@@ -908,13 +909,13 @@ class _MixedSlot:
 @dataclass(frozen=True)
 class _MixedRows:
     """A :class:`_MixedSlot`'s rows on the device, each mask ``[G, 1, ...]`` shaped for its
-    tensor: the members blending the seed in (for its alpha), the TRAINING members as
-    alpha (1 there, 0 elsewhere), and the TRAINING members for each seed tensor."""
+    tensor: the members blending the seed in (for its alpha in the host's pass), the
+    TRAINING members as alpha (1 there, 0 elsewhere: the incubation pass's), and the
+    TRAINING members for each seed buffer."""
 
     alpha: str
     blending: Tensor
     training_alpha: Tensor
-    params: dict[str, Tensor]
     buffers: dict[str, Tensor]
 
 
@@ -1003,7 +1004,9 @@ def _with_missing(
     to 0 on that member's row: its seed rows then add exactly nothing. At a mixed slot
     (``StackedGroup._mixed``) a member incubating the seed runs it at alpha 0 in the
     host's pass, as its own TRAINING slot passes the host's activation on, and at alpha 1
-    in the incubation pass (and its seed's gate, which TRAINING does not run, as 1)."""
+    in the incubation pass (and its seed's gate, which TRAINING does not run, as 1); the
+    other members run it at their alpha in the host's pass and at 0 in the incubation
+    pass, which so gives their seed rows exact zeros (they learn from the host's pass)."""
     if stacked.gate_masks:
         params = params | {
             name: torch.where(has, params[name], _NO_GATE_LOGIT)
@@ -1016,9 +1019,9 @@ def _with_missing(
         }
     if stacked.mixed:  # a seed some members blend in and others incubate
         buffers = buffers | {
-            mixed.alpha: torch.where(
-                mixed.blending, buffers[mixed.alpha], mixed.training_alpha if incubating else 0.0
-            )
+            mixed.alpha: mixed.training_alpha
+            if incubating
+            else torch.where(mixed.blending, buffers[mixed.alpha], 0.0)
             for mixed in stacked.mixed
         }
     return params, buffers
