@@ -28,6 +28,7 @@ from esper.tolaria.accumulators import (
     EnvAccumulator,
     accumulator,
     accumulators,
+    finite,
     update_grad_flags,
 )
 from esper.tolaria.compiled import compiled_forward_loss, forward_loss
@@ -386,5 +387,5 @@ def _train_step(
     loss = loss.detach()
     acc.loss_sum.add_(loss * count)
     acc.correct.add_(correct)
-    acc.loss_finite.logical_and_(torch.isfinite(loss))
+    acc.loss_finite.logical_and_(finite(loss))
     acc.seen += count

@@ -64,7 +64,7 @@ from esper.kasmina.incubation import incubating_slots, seeds_incubating
 from esper.kasmina.sgd import MOMENTUM_BUFFER, sgd_step
 from esper.kasmina.slot import SeedSlot
 from esper.kasmina.widening import Widening
-from esper.tolaria.accumulators import EnvAccumulator
+from esper.tolaria.accumulators import EnvAccumulator, finite
 from esper.tolaria.host_training import autocast_to
 from esper.tolaria.stacked_norm import batch_norms, batch_norms_unfolded
 from esper.tolaria.swapped import Swapped
@@ -672,7 +672,7 @@ class StackedGroup:
         loss = loss.detach()
         stacked.loss_sum.add_(loss * count)
         stacked.correct.add_(correct)
-        stacked.loss_finite.logical_and_(torch.isfinite(loss))
+        stacked.loss_finite.logical_and_(finite(loss))
         stacked.seen += count
         stacked.last_batch = (x, y)
 
@@ -725,7 +725,7 @@ class StackedGroup:
             else stacked.params[name].grad.reshape(self.size, -1).norm(dim=1)
             for name in self._seed_names
         ]
-        stacked.params_finite.logical_and_(torch.isfinite(torch.stack(norms, dim=1)))
+        stacked.params_finite.logical_and_(finite(torch.stack(norms, dim=1)))
 
     # ------------------------------------------------------------------ stacking
     def _stack(self) -> _Stacked:
