@@ -72,7 +72,15 @@ def batches(
 #: Operators that launch no kernel: bare allocations, and a Python scalar wrapped as a
 #: host tensor (a kernel's argument). Views (``OpOverload.is_view``) launch none either.
 NO_KERNEL = frozenset(
-    {"empty", "empty_strided", "new_empty", "new_empty_strided", "scalar_tensor", "_unsafe_view"}
+    {
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+        "scalar_tensor",
+        "_unsafe_view",
+    }
 )
 
 

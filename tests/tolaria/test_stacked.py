@@ -10,6 +10,7 @@ convolution sums in another order, everything elementwise is the same arithmetic
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Callable
 
 import pytest
@@ -27,6 +28,7 @@ from esper.kasmina.sgd import MOMENTUM_BUFFER
 from esper.mdp.env_config import EnvConfig
 from esper.tolaria import stacked as stacked_module
 from esper.tolaria.accumulators import EnvAccumulator, accumulators
+from esper.tolaria.copies import Copies
 from esper.tolaria.epoch import EpochResult, run_epoch
 from esper.tolaria.host_training import HostTraining
 from esper.tolaria.stacked import StackedGroup, stack_groups
@@ -552,20 +554,33 @@ def test_what_pads_a_narrower_member_stays_zero_through_a_stacked_step() -> None
 def test_padding_to_the_widest_shape_holds_each_member_and_gives_it_back(
     raw: list[list[int]],
 ) -> None:
-    """Each member's tensor, padded to the widest shape and cut back, is itself; what the
-    padding added is zeros; the widest shape is the smallest that holds every member."""
+    """Each member's tensor, stacked at the widest shape and cut back, is itself; what the
+    padding added is zeros (and a member without the tensor a row of zeros); the widest
+    shape is the smallest that holds every member."""
     dims = len(raw[0])
     shapes = [torch.Size((sizes * dims)[:dims]) for sizes in raw]
     widest = stacked_module._widest(shapes)
     assert all(max(shape[d] for shape in shapes) == widest[d] for d in range(dims))
-    for k, shape in enumerate(shapes):
-        tensor = torch.arange(shape.numel(), dtype=torch.float32).reshape(shape) + k + 1
-        padded = stacked_module._padded(tensor, widest, tensor)
-        assert padded.shape == widest
-        back = stacked_module._unpadded(padded, shape)
-        assert torch.equal(back, tensor)
-        assert padded.abs().sum() == tensor.abs().sum()  # only zeros added
-    assert torch.equal(stacked_module._padded(None, widest, torch.ones(())), torch.zeros(widest))
+    tensors = [
+        torch.arange(shape.numel(), dtype=torch.float32).reshape(shape) + k + 1
+        for k, shape in enumerate(shapes)
+    ]
+    copies = Copies()
+    stacked = stacked_module._stacked_rows([*tensors, None], widest, tensors[0], copies)
+    copies.run()
+    assert stacked.shape == (len(shapes) + 1, *widest)
+    for row, tensor in zip(stacked, tensors, strict=False):
+        assert torch.equal(stacked_module._unpadded(row, tensor.shape), tensor)
+        assert row.abs().sum() == tensor.abs().sum()  # only zeros added
+    assert torch.equal(stacked[-1], torch.zeros(widest))
+
+
+@given(st.lists(st.booleans(), max_size=20))
+def test_a_mask_is_filled_a_run_of_true_rows_at_a_time(flags: list[bool]) -> None:
+    runs = stacked_module._runs(flags)
+    covered = [g for start, stop in runs for g in range(start, stop)]
+    assert covered == [g for g, flag in enumerate(flags) if flag]
+    assert all(a_stop < b_start for (_, a_stop), (b_start, _) in itertools.pairwise(runs))
 
 
 def test_a_residual_seed_keeps_its_group_at_one_width() -> None:

@@ -65,6 +65,7 @@ from esper.kasmina.sgd import MOMENTUM_BUFFER, sgd_step
 from esper.kasmina.slot import SeedSlot
 from esper.kasmina.widening import Widening
 from esper.tolaria.accumulators import EnvAccumulator, finite
+from esper.tolaria.copies import Copies
 from esper.tolaria.host_training import autocast_to
 from esper.tolaria.stacked_norm import batch_norms, batch_norms_unfolded
 from esper.tolaria.swapped import Swapped
@@ -729,21 +730,17 @@ class StackedGroup:
 
     # ------------------------------------------------------------------ stacking
     def _stack(self) -> _Stacked:
-        """Every member's tensors stacked along a new first dimension (copies)."""
-        lead, shapes = self._like_params, self._shapes
-        with torch.no_grad():
-            params = {
-                name: torch.stack(
-                    [_padded(mine.get(name), shapes[name], p) for mine in self._params]
-                ).requires_grad_(p.requires_grad)
-                for name, p in lead.items()
-            }
-            buffers = {
-                name: torch.stack(
-                    [_padded(mine.get(name), shapes[name], b) for mine in self._buffers]
-                )
-                for name, b in self._like_buffers.items()
-            }
+        """Every member's tensors stacked along a new first dimension (copies, made by a few
+        multi-tensor copies: ``esper.tolaria.copies``)."""
+        shapes, copies = self._shapes, Copies()
+        params = {
+            name: _stacked_rows([mine.get(name) for mine in self._params], shapes[name], p, copies)
+            for name, p in self._like_params.items()
+        }
+        buffers = {
+            name: _stacked_rows([mine.get(name) for mine in self._buffers], shapes[name], b, copies)
+            for name, b in self._like_buffers.items()
+        }
         optimizers = []
         for (lr, momentum, decay), names in self._sgd_groups.items():
             leaves = [params[name] for name in names]
@@ -758,22 +755,30 @@ class StackedGroup:
                 ]
                 had = next((b for b in buffers_of if b is not None), None)
                 if had is not None:
-                    rows = [_padded(b, shapes[name], had) for b in buffers_of]
-                    optimizer.state[leaf][MOMENTUM_BUFFER] = torch.stack(rows)
+                    stacked_buffer = _stacked_rows(buffers_of, shapes[name], had, copies)
+                    optimizer.state[leaf][MOMENTUM_BUFFER] = stacked_buffer
             optimizers.append(optimizer)
+        copies.run()
+        for name, p in self._like_params.items():
+            params[name].requires_grad_(p.requires_grad)
         device = next(iter(params.values())).device
 
         def members_with(name: str, dims: int) -> Tensor:
             """``[G, 1, ...]`` bool (``dims`` dimensions), the members that have ``name``."""
             return rows_of([name in mine for mine in self._params], dims)
 
+        made: dict[tuple[bool, ...], Tensor] = {}
+
         def rows_of(flags: Sequence[bool], dims: int) -> Tensor:
-            """``[G, 1, ...]`` bool (``dims`` dimensions), true on the rows ``flags`` name."""
-            rows = torch.zeros(self.size, device=device, dtype=torch.bool)
-            for g, flag in enumerate(flags):
-                if flag:
-                    rows[g] = True  # a fill on the device: no list crosses to it
-            return rows.view(-1, *([1] * (dims - 1)))
+            """``[G, 1, ...]`` bool (``dims`` dimensions), true on the rows ``flags`` name:
+            made on the device by fills (no list crosses to it), a fill per run of true
+            rows, once per pattern (read-only views of it after)."""
+            key = tuple(flags)
+            if key not in made:
+                rows = made[key] = torch.zeros(self.size, device=device, dtype=torch.bool)
+                for start, stop in _runs(key):
+                    rows[start:stop] = True
+            return made[key].view(-1, *([1] * (dims - 1)))
 
         mixed = [
             _MixedRows(
@@ -788,14 +793,15 @@ class StackedGroup:
             )
             for slot in self._mixed
         ]
-        buffers_before = {name: b.clone() for name, b in buffers.items()}
+        # Filled where they are read: each step copies its buffers in as it starts.
+        buffers_before = {name: torch.empty_like(b) for name, b in buffers.items()}
         # The incubation pass's buffers: copies of the host's (its forward moves their
         # statistics, which the host's must not see), the incubating seeds' own and a
         # mixed slot's seed statistics as they are (``kept``: restored on the rows the
         # pass must not move, from copies taken with the others).
         kept_names = {name for slot in mixed for name in slot.buffers}
-        copied = {
-            name: b.clone()
+        copied = {  # filled as each incubation pass starts
+            name: torch.empty_like(b)
             for name, b in buffers.items()
             if name not in self._incubating_buffers or name in kept_names
         }
@@ -843,24 +849,17 @@ class StackedGroup:
 
     @torch.no_grad()
     def write_back(self) -> None:
-        """Copy the stacked tensors and sums into the members; nothing is read on the host."""
+        """Copy the stacked tensors and sums into the members (a few multi-tensor ops:
+        ``esper.tolaria.copies``); nothing is read on the host."""
         stacked, self._stacked = self._stacked, None
         if stacked is None:
             return
-        for name, p in stacked.params.items():
-            rows = [
-                (mine[name], _unpadded(row, mine[name].shape))
-                for mine, row in zip(self._params, p.detach().unbind(), strict=True)
-                if name in mine
-            ]
-            torch._foreach_copy_([mine for mine, _ in rows], [row for _, row in rows])
-        for name, b in stacked.buffers.items():
-            rows = [
-                (mine[name], _unpadded(row, mine[name].shape))
-                for mine, row in zip(self._buffers, b.unbind(), strict=True)
-                if name in mine
-            ]
-            torch._foreach_copy_([mine for mine, _ in rows], [row for _, row in rows])
+        copies = Copies()
+        for tensors, members in ((stacked.params, self._params), (stacked.buffers, self._buffers)):
+            for name, stacked_tensor in tensors.items():
+                for mine, row in zip(members, stacked_tensor.detach().unbind(), strict=True):
+                    if name in mine:
+                        copies.add(mine[name], _unpadded(row, mine[name].shape))
         leaves = {id(p): name for name, p in stacked.params.items()}
         for optimizer in stacked.optimizers:
             for leaf, state in optimizer.state.items():
@@ -874,17 +873,21 @@ class StackedGroup:
                     owner, param = owners[name]
                     mine, row = _momentum_of(owner, param), _unpadded(row, param.shape)
                     if mine is None:  # its first step was a stacked one
-                        owner.state[param][MOMENTUM_BUFFER] = row.clone(
-                            memory_format=torch.contiguous_format
-                        )
-                    else:
-                        mine.copy_(row)
-        for g, (env, acc) in enumerate(zip(self.envs, self.accs, strict=True)):
-            acc.loss_sum.add_(stacked.loss_sum[g])
-            acc.correct.add_(stacked.correct[g])
-            acc.loss_finite.logical_and_(stacked.loss_finite[g])
-            for mine, ours in self._flag_spans[g]:
-                acc.params_finite[mine].logical_and_(stacked.params_finite[g, ours])
+                        mine = owner.state[param][MOMENTUM_BUFFER] = row.new_empty(param.shape)
+                    copies.add(mine, row)
+        copies.run()
+        # The epoch's sums, one multi-tensor op each (a bool product is a logical and).
+        accs = self.accs
+        torch._foreach_add_([acc.loss_sum for acc in accs], list(stacked.loss_sum.unbind()))
+        torch._foreach_add_([acc.correct for acc in accs], list(stacked.correct.unbind()))
+        flags = [acc.loss_finite for acc in accs]
+        ours = list(stacked.loss_finite.unbind())
+        for g, acc in enumerate(accs):
+            for mine, span in self._flag_spans[g]:
+                flags.append(acc.params_finite[mine])
+                ours.append(stacked.params_finite[g, span])
+        torch._foreach_mul_(flags, ours)
+        for g, (env, acc) in enumerate(zip(self.envs, accs, strict=True)):
             acc.seen += stacked.seen
             acc.seen_stacked += stacked.seen
             env.zero_grad()
@@ -1085,19 +1088,36 @@ def _built_template(
     return template, owners
 
 
+def _runs(flags: Sequence[bool]) -> list[tuple[int, int]]:
+    """The ``(start, stop)`` of each run of true entries of ``flags``."""
+    runs: list[tuple[int, int]] = []
+    for g, flag in enumerate(flags):
+        if not flag:
+            continue
+        if runs and runs[-1][1] == g:
+            runs[-1] = (runs[-1][0], g + 1)
+        else:
+            runs.append((g, g + 1))
+    return runs
+
+
 def _widest(shapes: Sequence[torch.Size]) -> torch.Size:
     """The smallest shape that holds each of ``shapes`` (all with as many dimensions)."""
     return torch.Size(max(sizes) for sizes in zip(*shapes, strict=True))
 
 
-def _padded(tensor: Tensor | None, shape: torch.Size, like: Tensor) -> Tensor:
-    """``tensor`` zero-padded at the end of each dimension to ``shape`` (itself where it
-    has that shape; zeros like ``like`` where None)."""
-    if tensor is not None and tensor.shape == shape:
-        return tensor
-    out = like.new_zeros(shape)
-    if tensor is not None:
-        out[_corner(tensor.shape)] = tensor
+def _stacked_rows(
+    rows: Sequence[Tensor | None], shape: torch.Size, like: Tensor, copies: Copies
+) -> Tensor:
+    """A ``[len(rows), *shape]`` tensor like ``like`` whose row ``g`` is ``rows[g]``
+    zero-padded at the end of each dimension (zeros where None), its zeroing and copies
+    left to ``copies``."""
+    out = like.new_empty((len(rows), *shape))
+    if not all(row is not None and row.shape == shape for row in rows):
+        copies.zero(out)
+    for row, tensor in zip(out.unbind(), rows, strict=True):
+        if tensor is not None:
+            copies.add(_unpadded(row, tensor.shape), tensor)
     return out
 
 
