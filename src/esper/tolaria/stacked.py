@@ -1068,10 +1068,10 @@ def _built_template(
     taken from the member that runs the most there: one blending a seed in before one
     incubating it, one whose gate the forward runs before one without (a fossilized seed
     with a gate beside one without shares a key). The forward runs each seed as the
-    member it came from would. Its own tensors are copies that no step reads or writes;
-    the group's stacked tensors are swapped in."""
+    member it came from would. Its own tensors are uninitialised (:func:`_placeholders`):
+    the group's stacked tensors are swapped in, and the forward runs no other."""
     base = max(range(len(envs)), key=lambda g: (len(signatures[g]), -g))
-    template = copy.deepcopy(envs[base].model)
+    template = copy.deepcopy(envs[base].model, _placeholders(envs[base].model))
     owners = {slot_id: envs[base] for slot_id in template.slot_ids}
     for slot_id in template.slot_ids:
         running = [
@@ -1083,9 +1083,22 @@ def _built_template(
             continue
         donor = -max(running)[2]
         if donor != base:
-            template.slots[slot_id] = copy.deepcopy(envs[donor].model.slot(slot_id))
+            slot = envs[donor].model.slot(slot_id)
+            template.slots[slot_id] = copy.deepcopy(slot, _placeholders(slot))
             owners[slot_id] = envs[donor]
     return template, owners
+
+
+def _placeholders(module: nn.Module) -> dict[int, object]:
+    """A ``copy.deepcopy`` memo that gives each parameter and buffer of ``module`` an
+    uninitialised tensor of its shape, dtype and device instead of a copy of its values: a
+    built template's own tensors are never read, and copying them cost a kernel each."""
+    memo: dict[int, object] = {}
+    for p in module.parameters():
+        memo[id(p)] = nn.Parameter(torch.empty_like(p), requires_grad=p.requires_grad)
+    for b in module.buffers():
+        memo[id(b)] = torch.empty_like(b)
+    return memo
 
 
 def _runs(flags: Sequence[bool]) -> list[tuple[int, int]]:
