@@ -125,6 +125,23 @@ def test_it_runs_one_fused_norm_with_no_filled_weight_or_separate_affine() -> No
     assert sum(unfolded.values()) < sum(batched.values())
 
 
+def test_each_norms_batch_counter_moves_once_per_call_as_the_block_ends() -> None:
+    norms = _norms(nn.BatchNorm2d, 4)
+    params, buffers = _stacked(norms)
+    x = torch.randn(G, 5, 4, 6, 6)
+
+    def twice(p: dict[str, Tensor], b: dict[str, Tensor], xs: Tensor) -> Tensor:
+        once = functional_call(norms[0], (p, b), (xs,))
+        return functional_call(norms[0], (p, b), (once,))
+
+    counter = buffers["num_batches_tracked"]
+    counter.copy_(torch.arange(G))  # envs at different counts
+    with batch_norms_unfolded(norms[:1]):
+        vmap(twice)(params, buffers, x)
+        assert torch.equal(counter, torch.arange(G))  # not yet: one add as the block ends
+    assert torch.equal(counter, torch.arange(G) + 2)
+
+
 def test_outside_vmap_or_without_a_fixed_momentum_the_module_runs_as_always() -> None:
     torch.manual_seed(1)
     x = torch.randn(6, 3, 4, 4)

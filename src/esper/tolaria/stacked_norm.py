@@ -47,29 +47,46 @@ def batch_norms(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
     ]
 
 
+#: Per stacked batch counter (by its address): the counter and how many batches it saw.
+Counted = dict[int, tuple[Tensor, int]]
+
+
 @contextmanager
 def batch_norms_unfolded(norms: Sequence[nn.modules.batchnorm._BatchNorm]) -> Iterator[None]:
     """Within the block, each of ``norms`` runs as :func:`unfolded_forward` (an attribute on
-    the instance, removed afterwards, also when the block raises)."""
+    the instance, removed afterwards, also when the block raises). The norms' batch
+    counters (``num_batches_tracked``) move as the block ends, by one multi-tensor add,
+    not an add each: they steer nothing within a step at a fixed momentum."""
+    counted: Counted = {}
     for norm in norms:
-        norm.forward = _unfolded(norm)  # type: ignore[method-assign]
+        norm.forward = _unfolded(norm, counted)  # type: ignore[method-assign]
     try:
         yield
     finally:
         for norm in norms:
             del norm.forward
+        if counted:
+            counters = [counter for counter, _ in counted.values()]
+            with torch.no_grad():
+                torch._foreach_add_(counters, [batches for _, batches in counted.values()])
 
 
-def _unfolded(norm: nn.modules.batchnorm._BatchNorm) -> Callable[[Tensor], Tensor]:
+def _unfolded(
+    norm: nn.modules.batchnorm._BatchNorm, counted: Counted
+) -> Callable[[Tensor], Tensor]:
     def forward(x: Tensor) -> Tensor:
-        return unfolded_forward(norm, x)
+        return unfolded_forward(norm, x, counted)
 
     return forward
 
 
-def unfolded_forward(norm: nn.modules.batchnorm._BatchNorm, x: Tensor) -> Tensor:
+def unfolded_forward(
+    norm: nn.modules.batchnorm._BatchNorm, x: Tensor, counted: Counted | None = None
+) -> Tensor:
     """``norm(x)``, with the envs folded into channels where ``x`` is mapped by ``vmap``
-    and ``norm`` trains with running statistics at a fixed momentum; else its own forward."""
+    and ``norm`` trains with running statistics at a fixed momentum; else its own forward.
+    Its batch counter moves here, or, given ``counted``, is entered there (stacked) for
+    the caller to move."""
     level = _functorch.maybe_current_level()
     if (
         level is None
@@ -84,8 +101,14 @@ def unfolded_forward(norm: nn.modules.batchnorm._BatchNorm, x: Tensor) -> Tensor
     out = _folded_batch_norm(norm, x, level)
     if out is None:
         return type(norm).forward(norm, x)
-    if norm.num_batches_tracked is not None:
-        norm.num_batches_tracked.add_(1)
+    counter = norm.num_batches_tracked
+    if counter is not None:
+        stacked, dim = _functorch._unwrap_batched(counter, level)
+        if counted is None or dim is None:
+            counter.add_(1)
+        else:  # the same counter twice (a norm run twice) is one entry: no racing adds
+            _, batches = counted.get(stacked.data_ptr(), (stacked, 0))
+            counted[stacked.data_ptr()] = (stacked, batches + 1)
     return out
 
 
