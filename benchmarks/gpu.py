@@ -13,7 +13,10 @@ counterfactual replicas). One warm-up epoch, then ``--epochs`` timed epochs:
 * ``ms / host step``: its inverse;
 * ``device busy``: on CUDA, the share of one more epoch's wall during which a kernel ran
   (the union of kernel intervals from ``torch.profiler``, so overlapping streams count
-  once); ``n/a`` on a CPU.
+  once); ``n/a`` on a CPU;
+* ``device ops / host step``: on CUDA, how many kernels, copies and fills the device ran
+  in that epoch (``torch.profiler``'s device events) per host step: what
+  ``benchmarks/dispatch.py --ops`` counts from the operators issued, seen from the device.
 
 Each row is run by each of ``--engines`` (``HostTraining.engine``): ``per_env`` trains
 each env's host on its own (a CUDA stream each), ``stacked`` trains envs of one
@@ -79,8 +82,9 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def busy_share(run: Any, device: torch.device) -> float | None:
-    """The share of ``run()``'s wall during which a kernel ran on ``device`` (CUDA only)."""
+def device_activity(run: Any, device: torch.device) -> tuple[float, int] | None:
+    """The share of ``run()``'s wall during which a kernel ran on ``device``, and how many
+    device events (kernels, copies, fills) it ran (CUDA only)."""
     if device.type != "cuda":
         return None
     from torch.profiler import ProfilerActivity, profile
@@ -96,7 +100,8 @@ def busy_share(run: Any, device: torch.device) -> float | None:
         for e in prof.events()
         if e.device_type == torch.autograd.DeviceType.CUDA
     ]
-    return min(1.0, covered(intervals) / wall_us) if wall_us > 0 else None
+    busy = min(1.0, covered(intervals) / wall_us) if wall_us > 0 else 0.0
+    return busy, len(intervals)
 
 
 def covered(intervals: list[tuple[float, float]]) -> float:
@@ -145,13 +150,15 @@ def measure(
     synchronize(device)
     wall = time.perf_counter() - tick
     steps = n_envs * len(train) * args.epochs
+    activity = device_activity(epoch, device)
     return {
         "host": host,
         "n_envs": n_envs,
         "engine": engine,
         "steps_per_s": steps / wall,
         "ms_per_step": wall / steps * 1e3,
-        "busy": busy_share(epoch, device),
+        "busy": None if activity is None else activity[0],
+        "device_ops": None if activity is None else activity[1] / (n_envs * len(train)),
     }
 
 
@@ -187,13 +194,17 @@ def main() -> None:
                     flush=True,
                 )
     print()
-    print("| host | envs | engine | host steps/s | ms / host step | device busy |")
-    print("|---|---:|---|---:|---:|---:|")
+    print(
+        "| host | envs | engine | host steps/s | ms / host step | device busy "
+        "| device ops / host step |"
+    )
+    print("|---|---:|---|---:|---:|---:|---:|")
     for row in rows:
         busy = "n/a" if row["busy"] is None else f"{row['busy']:.1%}"
+        ops = "n/a" if row["device_ops"] is None else f"{row['device_ops']:.1f}"
         print(
             f"| {row['host']} | {row['n_envs']} | {row['engine']} | {row['steps_per_s']:.0f} | "
-            f"{row['ms_per_step']:.2f} | {busy} |"
+            f"{row['ms_per_step']:.2f} | {busy} | {ops} |"
         )
 
 

@@ -63,7 +63,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from gpu import CLASSES, HOSTS, IMAGE_SHAPE, busy_share, synchronize
+from gpu import CLASSES, HOSTS, IMAGE_SHAPE, device_activity, synchronize
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
@@ -392,7 +392,8 @@ def measure(
         synchronize(device)
         wall = time.perf_counter() - tick
         after = weights(nets)
-        busy = busy_share(lambda: run(timed), device)
+        activity = device_activity(lambda: run(timed), device)
+        busy = None if activity is None else activity[0]
     except Exception as exc:  # a way that cannot run says why in its row
         return row | {"error": f"failed: {type(exc).__name__}: {str(exc)[:120]}"}, None
     row["us_per_step"] = wall / (args.steps * n) * 1e6
