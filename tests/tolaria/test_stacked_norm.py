@@ -100,6 +100,24 @@ def test_a_mapped_norm_gives_each_envs_own_output_gradients_and_statistics(
             same(buffers[name][g], b)
 
 
+def test_in_evaluation_each_env_normalises_by_its_own_statistics_exactly() -> None:
+    norms = [norm.eval() for norm in _norms(nn.BatchNorm2d, 4)]
+    params, buffers = _stacked(norms)
+    before = {name: b.clone() for name, b in buffers.items()}
+    x = torch.randn(5, 4, 6, 6)  # one batch for every env, as validation gives it
+
+    def run(p: dict[str, Tensor], b: dict[str, Tensor], xs: Tensor) -> Tensor:
+        return functional_call(norms[0], (p, b), (xs,))
+
+    with torch.no_grad(), batch_norms_unfolded(norms[:1]):
+        out = vmap(run, in_dims=(0, 0, None))(params, buffers, x)
+    for g, norm in enumerate(norms):
+        with torch.no_grad():
+            assert torch.equal(out[g], norm(x))
+    for name, b in buffers.items():
+        assert torch.equal(b, before[name]), name  # nothing moves in evaluation
+
+
 def test_it_runs_one_fused_norm_with_no_filled_weight_or_separate_affine() -> None:
     norms = _norms(nn.BatchNorm2d, 4)
     params, buffers = _stacked(norms)

@@ -17,9 +17,10 @@ in another order (``tests/tolaria/test_stacked_norm.py``).
 Inside ``vmap`` the mapped tensors are unwrapped to their stacked form and the result
 wrapped back, as torch's own ``torch.library.register_vmap`` does (the same functorch
 calls, without its per-call argument flattening, which cost more Python than the norm).
-Where that does not apply (not under ``vmap``, an unmapped tensor, statistics that are not
-one contiguous block, a norm not in training mode or with a cumulative average), the
-module runs as it always does.
+In evaluation (a stacked validation) the same fold normalises with each env's running
+statistics. Where it does not apply (not under ``vmap``, an unmapped tensor, statistics
+that are not one contiguous block, no running statistics, a cumulative average in
+training), the module runs as it always does.
 """
 
 from __future__ import annotations
@@ -84,15 +85,14 @@ def unfolded_forward(
     norm: nn.modules.batchnorm._BatchNorm, x: Tensor, counted: Counted | None = None
 ) -> Tensor:
     """``norm(x)``, with the envs folded into channels where ``x`` is mapped by ``vmap``
-    and ``norm`` trains with running statistics at a fixed momentum; else its own forward.
-    Its batch counter moves here, or, given ``counted``, is entered there (stacked) for
-    the caller to move."""
+    and ``norm`` has running statistics (in training, at a fixed momentum); else its own
+    forward. In training its batch counter moves here, or, given ``counted``, is entered
+    there (stacked) for the caller to move."""
     level = _functorch.maybe_current_level()
     if (
         level is None
-        or not norm.training
         or not norm.track_running_stats
-        or norm.momentum is None
+        or (norm.training and norm.momentum is None)
         or norm.running_mean is None
         or norm.running_var is None
     ):
@@ -102,7 +102,7 @@ def unfolded_forward(
     if out is None:
         return type(norm).forward(norm, x)
     counter = norm.num_batches_tracked
-    if counter is not None:
+    if norm.training and counter is not None:
         stacked, dim = _functorch._unwrap_batched(counter, level)
         if counted is None or dim is None:
             counter.add_(1)
@@ -115,19 +115,18 @@ def unfolded_forward(
 def _folded_batch_norm(
     norm: nn.modules.batchnorm._BatchNorm, x: Tensor, level: int
 ) -> Tensor | None:
-    """Training-mode ``norm`` of mapped ``x`` (logically ``[b, C, ...]``) with its tensors
-    stacked ``[G, ...]`` along the vmap dimension: one ``F.batch_norm`` over
-    ``[b, G*C, ...]``. None where a tensor is not mapped at ``level`` or a statistic is
-    not one contiguous ``[G, C]`` block (an in-place update must reach it)."""
+    """``norm`` of mapped ``x`` (logically ``[b, C, ...]``) with its tensors stacked
+    ``[G, ...]`` along the vmap dimension: one ``F.batch_norm`` over ``[b, G*C, ...]``, in
+    ``norm``'s mode. None where a tensor is not mapped at ``level`` or a statistic is not
+    one contiguous ``[G, C]`` block (an in-place update must reach it)."""
     assert norm.running_mean is not None and norm.running_var is not None  # the caller's
-    assert norm.momentum is not None
     stacked_x, x_dim = _functorch._unwrap_batched(x, level)
     mean, mean_dim = _functorch._unwrap_batched(norm.running_mean, level)
     var, var_dim = _functorch._unwrap_batched(norm.running_var, level)
-    if x_dim is None or mean_dim != 0 or var_dim != 0:
+    if mean_dim != 0 or var_dim != 0 or not (mean.is_contiguous() and var.is_contiguous()):
         return None
-    if not (mean.is_contiguous() and var.is_contiguous()):
-        return None
+    if x_dim is None:  # one input for every env (a validation batch before any layer)
+        stacked_x, x_dim = stacked_x.expand(mean.shape[0], *stacked_x.shape), 0
     affine = []
     for tensor in (norm.weight, norm.bias):
         if tensor is None:
@@ -146,8 +145,8 @@ def _folded_batch_norm(
             var.view(g * c),
             affine[0],
             affine[1],
-            True,
-            norm.momentum,
+            norm.training,
+            0.0 if norm.momentum is None else norm.momentum,  # unused in evaluation
             norm.eps,
         )
     return _functorch._add_batch_dim(out.view(per_sample.shape), 1, level)
