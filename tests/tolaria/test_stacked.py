@@ -24,9 +24,11 @@ from esper.contracts.config_errors import ConfigError
 from esper.host_reads import HostReadCounter
 from esper.kasmina import CNNHost, GrowingHost, TransformerHost
 from esper.kasmina.hosts.base import HostModel
+from esper.kasmina.optim import OptimConfig
 from esper.kasmina.sgd import MOMENTUM_BUFFER
 from esper.mdp.env_config import EnvConfig
 from esper.tolaria import stacked as stacked_module
+from esper.tolaria import stacked_validation
 from esper.tolaria.accumulators import EnvAccumulator, accumulators
 from esper.tolaria.copies import Copies
 from esper.tolaria.epoch import EpochResult, run_epoch
@@ -154,6 +156,35 @@ def test_envs_group_by_architecture_seeds_and_stages_but_not_alpha() -> None:
     assert alone == []
     alphas = [envs[i].model.slot("stage1").alpha for i in (4, 5)]
     assert alphas[0] != alphas[1]
+
+
+def test_a_stacked_epoch_validates_each_group_as_one_and_a_lone_env_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Validation figures of every group member equal the per-env path's (run_both, with
+    seeds blending in at several slots, gates, padding, mixed slots, built templates);
+    here: which envs validate on their own."""
+    validated_alone: list[int] = []
+    groups: list[int] = []
+    per_env = stacked_validation.validate_with_counterfactuals
+    sums = StackedGroup.validation_sums
+
+    def alone(envs: list[GrowingHost], *args: object) -> object:
+        validated_alone.extend(id(env) for env in envs)
+        return per_env(envs, *args)
+
+    def grouped(self: StackedGroup, *args: object) -> object:
+        groups.append(self.size)
+        return sums(self, *args)
+
+    monkeypatch.setattr(stacked_validation, "validate_with_counterfactuals", alone)
+    monkeypatch.setattr(StackedGroup, "validation_sums", grouped)
+    apart = GrowingHost(CNNHost(channels=(8, 16), lifecycle=FAST), OptimConfig(host_lr=0.5))
+    envs = [*cnn_envs(), apart]  # its own learning rate: no group
+    train, val = image_loaders()
+    run_epoch(envs, train, val, STACKED)
+    assert sorted(groups) == [2, 2, 7]  # as they trained
+    assert validated_alone == [id(apart)]
 
 
 def test_the_result_counts_the_samples_each_env_trained_stacked() -> None:

@@ -17,6 +17,8 @@ from torch import Tensor
 
 from esper.contracts.stages import CONTRIBUTING_STAGES
 from esper.kasmina.growing_host import GrowingHost
+from esper.kasmina.hosts.base import HostModel
+from esper.kasmina.slot import SeedSlot
 
 
 @torch.no_grad()
@@ -35,7 +37,7 @@ def validate_with_counterfactuals(
         ValueError: ``batches`` yielded no samples, or a host's forward does not visit its
             slots in the order of ``HostModel.slots``.
     """
-    plans = [CounterfactualPlan(env) for env in envs]
+    plans = [CounterfactualPlan(env.model) for env in envs]
     loss_sums = [torch.zeros(p.replicas, device=e.device) for p, e in zip(plans, envs, strict=True)]
     corrects = [
         torch.zeros(p.replicas, device=e.device, dtype=torch.long)
@@ -84,6 +86,11 @@ def validate_with_counterfactuals(
     return val_loss, val_acc, cf_acc
 
 
+def contributing_slots(model: HostModel) -> list[SeedSlot]:
+    """The slots whose seed has a counterfactual: in a stage that blends it in."""
+    return [s for s in model.iter_slots() if s.has_seed and s.stage in CONTRIBUTING_STAGES]
+
+
 class CounterfactualPlan:
     """Which replica switches off which slot's seed, for one env's validation pass.
 
@@ -93,9 +100,9 @@ class CounterfactualPlan:
     nothing to switch off).
     """
 
-    def __init__(self, env: GrowingHost) -> None:
-        slots = list(env.model.iter_slots())
-        contributing = [s for s in slots if s.has_seed and s.stage in CONTRIBUTING_STAGES]
+    def __init__(self, model: HostModel) -> None:
+        slots = list(model.iter_slots())
+        contributing = contributing_slots(model)
         self.replicas = 1 + len(contributing)
         self._slots = contributing
         replica_of = {id(s): k + 1 for k, s in enumerate(contributing)}

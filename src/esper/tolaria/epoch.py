@@ -37,6 +37,7 @@ from esper.tolaria.host_training import HostTraining, autocast_to
 from esper.tolaria.parallel import resolve_workers, run_env_steps
 from esper.tolaria.shares import consecutive, env_share, group_shares, index_on
 from esper.tolaria.stacked import EnvView, StackedGroup, stack_groups
+from esper.tolaria.stacked_validation import validate_stacked
 from esper.tolaria.streams import env_streams as _env_streams
 from esper.tolaria.streams import on_stream as _on_stream
 
@@ -164,7 +165,10 @@ def run_epoch(
         )
     else:
         train = _train(envs, train_batches, options, stacked)
-        val_loss, val_acc, cf_acc = validate_with_counterfactuals(envs, val_batches, device)
+        if stacked:
+            val_loss, val_acc, cf_acc = validate_stacked(envs, train, val_batches, device)
+        else:
+            val_loss, val_acc, cf_acc = validate_with_counterfactuals(envs, val_batches, device)
     for i, acc in enumerate(train):
         if acc.seen == 0 and not acc.skipped:
             raise ValueError(

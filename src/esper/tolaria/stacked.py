@@ -66,6 +66,7 @@ from esper.kasmina.slot import SeedSlot
 from esper.kasmina.widening import Widening
 from esper.tolaria.accumulators import EnvAccumulator, finite
 from esper.tolaria.copies import Copies
+from esper.tolaria.counterfactual import CounterfactualPlan, contributing_slots
 from esper.tolaria.host_training import autocast_to
 from esper.tolaria.stacked_norm import batch_norms, batch_norms_unfolded
 from esper.tolaria.swapped import Swapped
@@ -727,6 +728,53 @@ class StackedGroup:
             for name in self._seed_names
         ]
         stacked.params_finite.logical_and_(finite(torch.stack(norms, dim=1)))
+
+    # ------------------------------------------------------------------ validation
+    @torch.no_grad()
+    def validation_sums(
+        self, batches: Sequence[tuple[Tensor, Tensor]]
+    ) -> tuple[Tensor, Tensor, list[list[int]], int]:
+        """Every member's validation on ``batches`` (on the group's device) as one mapped
+        evaluation forward a batch: per member and replica its summed loss ``[G, R]`` and
+        correct predictions ``[G, R]``, per member the replica of each slot's
+        counterfactual (``CounterfactualPlan.slot_to_replica``: 0 where the member has no
+        seed to switch off there), and the samples seen.
+
+        The template forks a replica at every seed any member blends in, in its forward
+        order (``esper.tolaria.counterfactual``); a member that lacks one runs it at alpha
+        0, so that replica is its own base one, and it reads only its own seeds'
+        replicas. The members' tensors are read as they are (stacked afresh, not kept)."""
+        stacked = self._stack()
+        plan = CounterfactualPlan(self.template)
+        replica_of = dict(zip(self.template.slot_ids, plan.slot_to_replica, strict=True))
+        own = [{slot.slot_id for slot in contributing_slots(env.model)} for env in self.envs]
+        to_replica = [
+            [replica_of[slot_id] if slot_id in mine else 0 for slot_id in env.slot_ids]
+            for env, mine in zip(self.envs, own, strict=True)
+        ]
+        forward = vmap(_forward(self.template), in_dims=(0, 0, None))
+        models = [self.template, *(env.model for env in self.envs)]
+        loss_sum = torch.zeros(self.size, plan.replicas, device=stacked.loss_sum.device)
+        correct = torch.zeros_like(loss_sum, dtype=torch.long)
+        seen = 0
+        for model in models:
+            model.eval()
+        try:
+            for x, y in batches:
+                with self.template.mapped(), batch_norms_unfolded(self._norms):
+                    params, buffers = _with_missing(stacked, stacked.params, stacked.buffers)
+                    outputs = forward(params, buffers, x)
+                losses, right = self.template.loss_and_correct_per_replica_per_env(
+                    outputs, y, plan.replicas
+                )
+                loss_sum.add_(losses)
+                correct.add_(right)
+                seen += y.numel()
+        finally:
+            plan.clear()
+            for model in models:
+                model.train()
+        return loss_sum, correct, to_replica, seen
 
     # ------------------------------------------------------------------ stacking
     def _stack(self) -> _Stacked:

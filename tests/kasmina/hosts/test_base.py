@@ -113,6 +113,28 @@ def test_per_env_loss_and_correct_match_each_env_alone_and_the_mapped_default(
     torch.testing.assert_close(grad, mapped_grad, rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.parametrize("kind", HOST_KINDS)
+def test_per_env_replica_sums_match_each_env_alone_and_the_mapped_default(kind: str) -> None:
+    host = make_host(kind)
+    torch.manual_seed(5)
+    if kind == "cnn":
+        targets = torch.randint(0, 10, (4,))
+        outputs = torch.randn(5, 3 * 4, 10)
+    else:
+        targets = torch.randint(0, 11, (4, 8))
+        outputs = torch.randn(5, 3 * 4, 8, 11)
+    losses, correct = host.loss_and_correct_per_replica_per_env(outputs, targets, 3)
+    mapped = HostModel.loss_and_correct_per_replica_per_env(host, outputs, targets, 3)
+    assert losses.shape == correct.shape == (5, 3)
+    assert torch.equal(correct, mapped[1])
+    torch.testing.assert_close(losses, mapped[0], rtol=1e-6, atol=0)
+    for g in range(5):
+        assert torch.equal(correct[g], host.correct_per_replica(outputs[g], targets, 3))
+        torch.testing.assert_close(
+            losses[g], host.loss_per_replica(outputs[g], targets, 3), rtol=1e-6, atol=0
+        )
+
+
 def test_a_host_family_without_widened_kwargs_says_to_implement_it() -> None:
     class Plain(HostModel):
         """A family that never implemented the hook (its other methods are not needed)."""

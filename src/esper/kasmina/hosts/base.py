@@ -199,6 +199,22 @@ class HostModel(nn.Module, ABC):
         pred = outputs.argmax(dim=-1).unflatten(0, (replicas, -1))
         return (pred == targets.unsqueeze(0)).flatten(1).sum(dim=1)
 
+    def loss_and_correct_per_replica_per_env(
+        self, outputs: Tensor, targets: Tensor, replicas: int
+    ) -> tuple[Tensor, Tensor]:
+        """:meth:`loss_per_replica` and :meth:`correct_per_replica` of G envs' outputs
+        stacked ``[G, ...]`` on one batch's ``targets``, each ``[G, replicas]`` (the
+        stacked validation's). Here both mapped over the envs with ``vmap``; the CNN and
+        transformer hosts override it with :func:`cross_entropy_per_replica_per_env`."""
+
+        def one(out: Tensor) -> tuple[Tensor, Tensor]:
+            return (
+                self.loss_per_replica(out, targets, replicas),
+                self.correct_per_replica(out, targets, replicas),
+            )
+
+        return torch.func.vmap(one)(outputs)
+
     def loss_per_replica(self, outputs: Tensor, targets: Tensor, replicas: int) -> Tensor:
         """Summed loss ``[replicas]`` over each replica's predictions."""
         logits = outputs.unflatten(0, (replicas, -1))
@@ -207,6 +223,22 @@ class HostModel(nn.Module, ABC):
             logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none"
         )
         return losses.view(replicas, -1).sum(dim=1)
+
+
+def cross_entropy_per_replica_per_env(
+    outputs: Tensor, targets: Tensor, replicas: int
+) -> tuple[Tensor, Tensor]:
+    """Per env of ``outputs [G, replicas * b, ..., classes]`` (``replicas`` stacked copies of
+    a batch) and per replica: the summed cross-entropy against ``targets [b, ...]`` and the
+    correct predictions, each ``[G, replicas]``, as one flat cross-entropy."""
+    envs, classes = outputs.shape[0], outputs.shape[-1]
+    logits = outputs.reshape(envs, replicas, *targets.shape, classes)
+    wanted = targets.expand(envs, replicas, *targets.shape)
+    losses = nn.functional.cross_entropy(
+        logits.reshape(-1, classes), wanted.reshape(-1), reduction="none"
+    )
+    correct = (logits.argmax(dim=-1) == wanted).reshape(envs, replicas, -1).sum(dim=2)
+    return losses.view(envs, replicas, -1).sum(dim=2), correct
 
 
 def mean_cross_entropy_per_env(outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:

@@ -16,6 +16,7 @@ from esper.kasmina.blueprints import SlotShape
 from esper.kasmina.hosts.base import (
     HostModel,
     check_widening_factor,
+    cross_entropy_per_replica_per_env,
     integer_roundings,
     mean_cross_entropy_per_env,
 )
@@ -247,3 +248,8 @@ class TransformerHost(HostModel):
 
     def loss_and_correct_per_env(self, outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
         return mean_cross_entropy_per_env(outputs, targets)
+
+    def loss_and_correct_per_replica_per_env(
+        self, outputs: Tensor, targets: Tensor, replicas: int
+    ) -> tuple[Tensor, Tensor]:
+        return cross_entropy_per_replica_per_env(outputs, targets, replicas)
