@@ -184,9 +184,10 @@ class HostModel(nn.Module, ABC):
         stacked ``[G, ...]`` (the stacked engine's: ``esper.tolaria.stacked``).
 
         Here :meth:`loss_and_correct` mapped over the envs with ``vmap``. A host whose loss
-        is a mean cross-entropy over its predictions overrides this with
-        :func:`mean_cross_entropy_per_env`: under ``vmap`` a cross-entropy runs as a Python
-        decomposition of some thirty ops where the flat one takes a dozen."""
+        is a mean cross-entropy over its predictions derives from :class:`CrossEntropyHost`,
+        which takes one flat cross-entropy (:func:`mean_cross_entropy_per_env`): under
+        ``vmap`` a cross-entropy runs as a Python decomposition of some thirty ops where
+        the flat one takes a dozen."""
 
         def one(out: Tensor, tgt: Tensor) -> tuple[Tensor, Tensor]:
             loss, correct, _ = self.loss_and_correct(out, tgt)
@@ -204,8 +205,9 @@ class HostModel(nn.Module, ABC):
     ) -> tuple[Tensor, Tensor]:
         """:meth:`loss_per_replica` and :meth:`correct_per_replica` of G envs' outputs
         stacked ``[G, ...]`` on one batch's ``targets``, each ``[G, replicas]`` (the
-        stacked validation's). Here both mapped over the envs with ``vmap``; the CNN and
-        transformer hosts override it with :func:`cross_entropy_per_replica_per_env`."""
+        stacked validation's). Here both mapped over the envs with ``vmap``;
+        :class:`CrossEntropyHost` takes one flat cross-entropy
+        (:func:`cross_entropy_per_replica_per_env`)."""
 
         def one(out: Tensor) -> tuple[Tensor, Tensor]:
             return (
@@ -223,6 +225,21 @@ class HostModel(nn.Module, ABC):
             logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none"
         )
         return losses.view(replicas, -1).sum(dim=1)
+
+
+class CrossEntropyHost(HostModel):
+    """A host whose loss is the mean cross-entropy over its predictions (the CNN and the
+    transformer): its stacked engine's per-env sums are one flat cross-entropy, where the
+    default maps the host's own methods with ``vmap`` (as a Python decomposition of some
+    thirty ops)."""
+
+    def loss_and_correct_per_env(self, outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        return mean_cross_entropy_per_env(outputs, targets)
+
+    def loss_and_correct_per_replica_per_env(
+        self, outputs: Tensor, targets: Tensor, replicas: int
+    ) -> tuple[Tensor, Tensor]:
+        return cross_entropy_per_replica_per_env(outputs, targets, replicas)
 
 
 def cross_entropy_per_replica_per_env(

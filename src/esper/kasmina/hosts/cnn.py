@@ -13,11 +13,9 @@ from torch import Tensor, nn
 
 from esper.kasmina.blueprints import SlotShape
 from esper.kasmina.hosts.base import (
-    HostModel,
+    CrossEntropyHost,
     check_widening_factor,
-    cross_entropy_per_replica_per_env,
     integer_roundings,
-    mean_cross_entropy_per_env,
 )
 from esper.kasmina.lifecycle import LifecycleConfig
 from esper.kasmina.slot import SeedSlot, SlotOutput
@@ -111,7 +109,7 @@ class ConvStage(nn.Module):
         return self.body[1:](y + first_extra)
 
 
-class CNNHost(HostModel):
+class CNNHost(CrossEntropyHost):
     """Stages of conv blocks; slot ``stage{i}`` sits after stage i, before its 2x2 pooling.
 
     ``convs_per_stage=1`` with ``channels=(8, 16, 32)`` is the predecessor's host (6 418
@@ -311,11 +309,3 @@ class CNNHost(HostModel):
         loss = F.cross_entropy(outputs, targets)
         correct = (outputs.argmax(dim=-1) == targets).sum()
         return loss, correct, targets.shape[0]
-
-    def loss_and_correct_per_env(self, outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-        return mean_cross_entropy_per_env(outputs, targets)
-
-    def loss_and_correct_per_replica_per_env(
-        self, outputs: Tensor, targets: Tensor, replicas: int
-    ) -> tuple[Tensor, Tensor]:
-        return cross_entropy_per_replica_per_env(outputs, targets, replicas)

@@ -14,11 +14,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from esper.kasmina.blueprints import SlotShape
 from esper.kasmina.hosts.base import (
-    HostModel,
+    CrossEntropyHost,
     check_widening_factor,
-    cross_entropy_per_replica_per_env,
     integer_roundings,
-    mean_cross_entropy_per_env,
 )
 from esper.kasmina.lifecycle import LifecycleConfig
 from esper.kasmina.slot import SeedSlot
@@ -70,7 +68,7 @@ class CausalBlock(nn.Module):
         return x + self.mlp(mlp_in), mlp_in
 
 
-class TransformerHost(HostModel):
+class TransformerHost(CrossEntropyHost):
     """Token and position embeddings, causal blocks with slot ``block{i}`` after each, LM head.
 
     ``mlp_hidden`` sets the blocks' MLP width apart from ``d_model``: None keeps
@@ -245,11 +243,3 @@ class TransformerHost(HostModel):
         loss = F.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1))
         correct = (outputs.argmax(dim=-1) == targets).sum()
         return loss, correct, targets.numel()
-
-    def loss_and_correct_per_env(self, outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-        return mean_cross_entropy_per_env(outputs, targets)
-
-    def loss_and_correct_per_replica_per_env(
-        self, outputs: Tensor, targets: Tensor, replicas: int
-    ) -> tuple[Tensor, Tensor]:
-        return cross_entropy_per_replica_per_env(outputs, targets, replicas)
