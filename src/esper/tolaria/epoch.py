@@ -164,11 +164,15 @@ def run_epoch(
             envs, train_batches, val_batches, options, workers, device
         )
     else:
-        train = _train(envs, train_batches, options, stacked)
-        if stacked:
-            val_loss, val_acc, cf_acc = validate_stacked(envs, train, val_batches, device)
-        else:
-            val_loss, val_acc, cf_acc = validate_with_counterfactuals(envs, val_batches, device)
+        train, groups = _train(envs, train_batches, options, stacked)
+        try:
+            if stacked:
+                val_loss, val_acc, cf_acc = validate_stacked(envs, groups, val_batches, device)
+            else:
+                val_loss, val_acc, cf_acc = validate_with_counterfactuals(envs, val_batches, device)
+        finally:
+            for group in groups:  # validated from its stacked tensors: now the envs get them
+                group.write_back()
     for i, acc in enumerate(train):
         if acc.seen == 0 and not acc.skipped:
             raise ValueError(
@@ -210,15 +214,17 @@ def _train(
     batches: Iterable[tuple[Tensor, Tensor]],
     options: _Options,
     stacked: bool = False,
-) -> list[EnvAccumulator]:
+) -> tuple[list[EnvAccumulator], list[StackedGroup]]:
+    """The envs' accumulators, and the stacked groups that trained the epoch through, not
+    yet written back (``_train_batches``)."""
     accs = accumulators(envs)
     for env in envs:
         env.model.train()
     streams = _env_streams(envs)
     # Callers may hold a no-grad context (the rollout loop does); host training needs grads.
     with torch.enable_grad():
-        _train_batches(envs, accs, batches, streams, options, stacked)
-    return accs
+        groups = _train_batches(envs, accs, batches, streams, options, stacked)
+    return accs, groups
 
 
 def _train_and_validate_in_workers(
@@ -256,10 +262,12 @@ def _train_batches(
     streams: list[torch.cuda.Stream | None],
     options: _Options,
     stacked: bool,
-) -> None:
+) -> list[StackedGroup]:
     """Train every env on its share of every batch, one batch at a time: with
     ``stacked``, envs that share an architecture as groups (``esper.tolaria.stacked``),
-    the others, or all, on their own.
+    the others, or all, on their own. Returns the groups that trained the epoch through,
+    not yet written back: they validate from their stacked tensors
+    (``esper.tolaria.stacked_validation``), then the caller writes them back.
 
     A group whose members' shares of a batch differ in size is written back and its
     members train on that batch alone; one that runs out of memory is written back and
@@ -309,11 +317,10 @@ def _train_batches(
             on_own += indices
         for i in sorted(on_own):
             _train_env_on_batch(envs, accs, i, b, copies[env_devices[i]], streams[i], options)
-    for group in groups:
-        group.write_back()
     for device, stream in zip(env_devices, streams, strict=True):
         if stream is not None:
             torch.cuda.current_stream(device).wait_stream(stream)
+    return [group for g, group in enumerate(groups) if g not in split]
 
 
 def _train_env_on_batch(

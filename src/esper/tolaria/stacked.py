@@ -28,9 +28,9 @@ passes the activation on) and at alpha 1 in the incubation pass, in which only t
 TRAINING rows' seed tensors learn, and each pass's moves of the seed's statistics are
 kept only on the rows whose own step would make them.
 
-A group is formed at the start of an epoch and written back into its envs at the end,
-before validation: lifecycle ops, rollback, checkpoints and the counterfactual pass run
-between epochs on the envs' own tensors, as before. Within an epoch nothing changes which
+A group is formed at the start of an epoch, validates from its stacked tensors at the end
+(``esper.tolaria.stacked_validation``) and is then written back into its envs: lifecycle
+ops, rollback and checkpoints run between epochs on the envs' own tensors, as before. Within an epoch nothing changes which
 parameters exist, so the grouping holds. What cannot be stacked trains on the per-env
 path: an env alone in its group, a batch whose shares differ in size (the group is written
 back first), and a group that ran out of memory (its envs finish the epoch alone).
@@ -743,8 +743,10 @@ class StackedGroup:
         The template forks a replica at every seed any member blends in, in its forward
         order (``esper.tolaria.counterfactual``); a member that lacks one runs it at alpha
         0, so that replica is its own base one, and it reads only its own seeds'
-        replicas. The members' tensors are read as they are (stacked afresh, not kept)."""
-        stacked = self._stack()
+        replicas. It reads the group's stacked tensors where it holds them (its training
+        epoch's end, before ``write_back``), else the members' own, stacked afresh; it
+        changes neither."""
+        stacked = self._stacked if self._stacked is not None else self._stack()
         plan = CounterfactualPlan(self.template)
         replica_of = dict(zip(self.template.slot_ids, plan.slot_to_replica, strict=True))
         own = [{slot.slot_id for slot in contributing_slots(env.model)} for env in self.envs]

@@ -4,10 +4,10 @@ Why: validation runs one forward per env and batch, with a replica of the batch 
 each contributing seed (``esper.tolaria.counterfactual``). With training stacked, that
 per-env validation became the largest share of a host epoch's kernel launches (16 envs,
 the side_by_side work: 724 of 1559), and on a launch-bound GPU launches are the cost.
-Envs that train as one group (:func:`~esper.tolaria.stacked.stack_groups`) validate as
-one: one mapped evaluation forward per batch, whose template forks a replica at every
-seed any member blends in (``StackedGroup.validation_sums``). An env alone validates as
-before. The figures equal the per-env validation's up to float rounding, as the stacked
+The groups that trained an epoch through validate as one, from the stacked tensors they
+hold before they are written back: one mapped evaluation forward per batch, whose
+template forks a replica at every seed any member blends in
+(``StackedGroup.validation_sums``). Every other env validates as before. The figures equal the per-env validation's up to float rounding, as the stacked
 training step's do (``tests/tolaria/test_stacked.py`` compares them), and nothing is read
 on the host.
 """
@@ -20,25 +20,23 @@ import torch
 from torch import Tensor
 
 from esper.kasmina.growing_host import GrowingHost
-from esper.tolaria.accumulators import EnvAccumulator
 from esper.tolaria.counterfactual import validate_with_counterfactuals
-from esper.tolaria.stacked import EnvView, StackedGroup, stack_groups
+from esper.tolaria.stacked import StackedGroup
 
 
 def validate_stacked(
     envs: Sequence[GrowingHost],
-    accs: Sequence[EnvAccumulator],
+    groups: Sequence[StackedGroup],
     batches: Iterable[tuple[Tensor, Tensor]],
     device: torch.device,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(val_loss [E], val_acc [E], cf_val_acc [E, S])`` on ``device``, as
     :func:`~esper.tolaria.counterfactual.validate_with_counterfactuals` gives them, with
-    the envs that can train as one group validated as one. ``accs``: the envs'
-    accumulators of the epoch (a group is built with them; validation does not touch
-    them)."""
+    the members of each of ``groups`` (groups of ``envs``) validated as one."""
     batches = list(batches)
-    views = [EnvView.of(env) for env in envs]
-    groups, alone = stack_groups(envs, views)
+    index = {id(env): i for i, env in enumerate(envs)}
+    grouped = [[index[id(env)] for env in group.envs] for group in groups]
+    alone = sorted(set(range(len(envs))).difference(*grouped))
     loss: list[Tensor | None] = [None] * len(envs)
     acc: list[Tensor | None] = [None] * len(envs)
     cf: list[Tensor | None] = [None] * len(envs)
@@ -46,10 +44,7 @@ def validate_stacked(
         parts = validate_with_counterfactuals([envs[i] for i in alone], batches, device)
         for k, i in enumerate(alone):
             loss[i], acc[i], cf[i] = (part[k] for part in parts)
-    for members in groups:
-        group = StackedGroup(
-            [envs[i] for i in members], [accs[i] for i in members], [views[i] for i in members]
-        )
+    for group, members in zip(groups, grouped, strict=True):
         where = envs[members[0]].device
         on_device = [
             (x.to(where, non_blocking=True), y.to(where, non_blocking=True)) for x, y in batches
