@@ -7,10 +7,13 @@ names the file, a non-zero exit status, no traceback and nothing new on disk.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,26 +31,13 @@ TIMEOUT_S = 300
 RUN0 = Path("lightning_logs") / "version_0"
 #: A blueprint a "plugin" adds after a checkpoint was written: the action space changes.
 PLUGIN_BLUEPRINT = "conv_light_from_plugin"
-#: Run ``esper`` with one more blueprint registered and offered by the CNN host (which
-#: offers only its ``default_blueprints`` unless a run names some), as a plugin would.
-WITH_PLUGIN = (
-    "import dataclasses, sys\n"
-    "from esper.kasmina import BLUEPRINTS\n"
-    "from esper.kasmina.hosts.cnn import CNNHost\n"
-    "base = BLUEPRINTS.get('conv_light')\n"
-    f"BLUEPRINTS.register({PLUGIN_BLUEPRINT!r}, dataclasses.replace(base, name={PLUGIN_BLUEPRINT!r}))\n"
-    f"CNNHost.default_blueprints = (*CNNHost.default_blueprints, {PLUGIN_BLUEPRINT!r})\n"
-    "from esper.cli import main\n"
-    "sys.exit(main())\n"
-)
 
 
-def esper(*args: str, cwd: Path, plugin: bool = False) -> subprocess.CompletedProcess[str]:
+def esper(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """``esper ARGS`` in a fresh process, stdout and stderr together as a console shows them."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "COLUMNS": "200"}
-    program = ["-c", WITH_PLUGIN] if plugin else ["-m", "esper.cli"]
     return subprocess.run(
-        [sys.executable, *program, *args],
+        [sys.executable, "-m", "esper.cli", *args],
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
@@ -61,8 +51,9 @@ def esper_here(
     *args: str, cwd: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> subprocess.CompletedProcess[str]:
     """``esper ARGS`` in this process, its console output read at the file descriptors
-    (Lightning's log handlers too), for commands refused before any training: the same
-    check as :func:`esper` without a fresh interpreter's start (about 4 s each here)."""
+    (Lightning's log handlers too): the same check as :func:`esper` without a fresh
+    interpreter's start (about 4 s each here). Runs that must be a console's own process
+    (a plugin imported first, a signal, a kill) use :func:`esper`."""
     from esper.cli import main
 
     monkeypatch.chdir(cwd)
@@ -83,17 +74,31 @@ def lines(result: subprocess.CompletedProcess[str]) -> list[str]:
     return [line for line in result.stdout.splitlines() if line.strip()]
 
 
-def fit(root: Path, *extra: str, max_epochs: int = 1) -> subprocess.CompletedProcess[str]:
-    result = try_fit(root, *extra, max_epochs=max_epochs)
+#: ``esper ARGS`` run somewhere (``cwd``), its console output and exit status returned.
+Esper = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def here(capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Esper:
+    """:func:`esper_here` bound to this test's capture and patches."""
+    return functools.partial(esper_here, capfd=capfd, monkeypatch=monkeypatch)
+
+
+def fit(
+    run: Esper, root: Path, *extra: str, max_epochs: int = 1
+) -> subprocess.CompletedProcess[str]:
+    result = try_fit(run, root, *extra, max_epochs=max_epochs)
     assert result.returncode == 0, result.stdout
     return result
 
 
-def try_fit(root: Path, *extra: str, max_epochs: int = 1) -> subprocess.CompletedProcess[str]:
-    """``esper fit`` of the tiny config into ``root``, whatever its exit status."""
+def try_fit(
+    run: Esper, root: Path, *extra: str, max_epochs: int = 1
+) -> subprocess.CompletedProcess[str]:
+    """``esper fit`` of the tiny config into ``root`` by ``run``, whatever its exit status."""
     config = root.parent / "tiny.yaml"
     config.write_text(TINY_CONFIG)
-    return esper(
+    return run(
         "fit",
         "--config",
         str(config),
@@ -114,8 +119,20 @@ def policy_weights(path: Path) -> dict[str, torch.Tensor]:
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The checkpoints folder of a finished 1-update run."""
     root = tmp_path_factory.mktemp("trained") / "run"
-    fit(root)
+    with pytest.MonkeyPatch.context() as patches:  # a module's fixture: no capfd to read
+        fit(functools.partial(_esper_unread, monkeypatch=patches), root)
     return root / RUN0 / "checkpoints"
+
+
+def _esper_unread(
+    *args: str, cwd: Path, monkeypatch: pytest.MonkeyPatch
+) -> subprocess.CompletedProcess[str]:
+    """``esper ARGS`` in this process, its output left to pytest's capture."""
+    from esper.cli import main
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", ["esper"])
+    return subprocess.CompletedProcess(["esper", *args], main(list(args)), "")
 
 
 # ------------------------------------------------------------------ safe checkpoints
@@ -132,17 +149,21 @@ def test_every_checkpoint_fit_writes_loads_with_weights_only(trained: Path) -> N
 
 # ------------------------------------------------------------------ resume by path
 @pytest.mark.slow
-def test_resuming_from_a_copied_last_ckpt_by_path_ends_bit_identical(tmp_path: Path) -> None:
-    fit(tmp_path / "straight", max_epochs=3)
+def test_resuming_from_a_copied_last_ckpt_by_path_ends_bit_identical(
+    tmp_path: Path, here: Esper
+) -> None:
+    fit(here, tmp_path / "straight", max_epochs=3)
     # Interrupted after two updates of a three-update run: max_steps, not max_epochs, so
     # the run's schedules (learning-rate annealing) are those of the straight run.
-    split = fit(tmp_path / "split", "--trainer.max_steps", str(2 * STEPS_PER_UPDATE), max_epochs=3)
+    split = fit(
+        here, tmp_path / "split", "--trainer.max_steps", str(2 * STEPS_PER_UPDATE), max_epochs=3
+    )
     assert "esper fit: 2 PPO update(s)" in split.stdout
     elsewhere = tmp_path / "copied" / "somewhere.ckpt"
     elsewhere.parent.mkdir()
     shutil.copy(tmp_path / "split" / RUN0 / "checkpoints" / "last.ckpt", elsewhere)
 
-    resumed = fit(tmp_path / "resumed", "--ckpt_path", str(elsewhere), max_epochs=3)
+    resumed = fit(here, tmp_path / "resumed", "--ckpt_path", str(elsewhere), max_epochs=3)
 
     assert "esper fit: 3 PPO update(s)" in resumed.stdout
     straight = policy_weights(tmp_path / "straight" / RUN0 / "checkpoints" / "last.ckpt")
@@ -153,11 +174,13 @@ def test_resuming_from_a_copied_last_ckpt_by_path_ends_bit_identical(tmp_path: P
 
 
 @pytest.mark.slow
-def test_a_best_checkpoint_resumes_by_path_in_its_run_folder(trained: Path, tmp_path: Path) -> None:
+def test_a_best_checkpoint_resumes_by_path_in_its_run_folder(
+    trained: Path, tmp_path: Path, here: Esper
+) -> None:
     run = tmp_path / "run"
     shutil.copytree(trained.parents[2], run)  # resuming writes into the run it resumes
     best = next((run / RUN0 / "checkpoints").glob("best-*.ckpt"))
-    resumed = fit(tmp_path / "elsewhere", "--ckpt_path", str(best), max_epochs=2)
+    resumed = fit(here, tmp_path / "elsewhere", "--ckpt_path", str(best), max_epochs=2)
     assert "esper fit: 2 PPO update(s)" in resumed.stdout
     assert not (tmp_path / "elsewhere").exists(), "the run continued in its own folder"
     last = torch.load(run / RUN0 / "checkpoints" / "last.ckpt", weights_only=True)
@@ -286,10 +309,12 @@ def test_last_with_no_run_to_resume_is_one_line_saying_where_it_looked(
 
 
 @pytest.mark.slow
-def test_resuming_last_continues_the_newest_run_folder(trained: Path, tmp_path: Path) -> None:
+def test_resuming_last_continues_the_newest_run_folder(
+    trained: Path, tmp_path: Path, here: Esper
+) -> None:
     root = tmp_path / "run"
     shutil.copytree(trained.parents[2], root)  # a finished 1-update run, version_0
-    resumed = fit(root, "--ckpt_path", "last", max_epochs=2)
+    resumed = fit(here, root, "--ckpt_path", "last", max_epochs=2)
     assert "esper fit: 2 PPO update(s)" in resumed.stdout
     assert "exists and is not empty" not in resumed.stdout  # resuming there is the point
     assert [p.name for p in (root / "lightning_logs").iterdir()] == ["version_0"]
@@ -303,17 +328,32 @@ def test_resuming_last_continues_the_newest_run_folder(trained: Path, tmp_path: 
     assert len(list(run.glob("events.out.tfevents.*"))) == 2, "one TensorBoard run, two files"
 
 
+def _install_plugin_blueprint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One more blueprint registered and offered by the CNN host, as a plugin installed after
+    the checkpoint was written would (both undone after the test): the action space changes."""
+    from esper.kasmina import BLUEPRINTS
+    from esper.kasmina.hosts.cnn import CNNHost
+
+    BLUEPRINTS.names()  # entry-point plugins loaded into what the patch restores
+    monkeypatch.setattr(BLUEPRINTS, "_entries", dict(BLUEPRINTS._entries))
+    base = BLUEPRINTS.get("conv_light")
+    BLUEPRINTS.register(PLUGIN_BLUEPRINT, dataclasses.replace(base, name=PLUGIN_BLUEPRINT))
+    offered = (*CNNHost.default_blueprints, PLUGIN_BLUEPRINT)
+    monkeypatch.setattr(CNNHost, "default_blueprints", offered)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fit", "evaluate"])
 def test_a_checkpoint_from_another_action_space_is_one_line_naming_it(
-    trained: Path, tmp_path: Path, kind: str
+    trained: Path, tmp_path: Path, kind: str, here: Esper, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "before_the_plugin.ckpt"
     shutil.copy(trained / "last.ckpt", path)
     command = _command(kind, path, tmp_path)
     before = set(tmp_path.rglob("*"))
+    _install_plugin_blueprint(monkeypatch)
 
-    result = esper(*command, cwd=tmp_path, plugin=True)
+    result = here(*command, cwd=tmp_path)
 
     _assert_one_line_naming(result, path, "another action space", before, tmp_path)
     assert PLUGIN_BLUEPRINT in lines(result)[0]
@@ -373,7 +413,9 @@ def test_a_missing_data_path_is_one_line_naming_it(
     assert set(tmp_path.rglob("*")) == before, "the failed run left files behind"
 
 
-def test_ctrl_c_exits_130_with_workers_joined_and_says_how_to_resume(tmp_path: Path) -> None:
+def test_ctrl_c_exits_130_with_workers_joined_and_says_how_to_resume(
+    tmp_path: Path, here: Esper
+) -> None:
     import shlex
     import signal
     import time
@@ -415,19 +457,19 @@ def test_ctrl_c_exits_130_with_workers_joined_and_says_how_to_resume(tmp_path: P
     resume = shlex.split(said.split("resume with:", 1)[1].strip().splitlines()[0])
     assert resume[:2] == ["esper", "fit"] and resume[-2:] == ["--ckpt_path", str(last)]
     # The run's own arguments as printed, stopped sooner than 50 updates (a later flag wins).
-    finished = esper(*resume[1:-2], "--trainer.max_epochs", "4", *resume[-2:], cwd=tmp_path)
+    finished = here(*resume[1:-2], "--trainer.max_epochs", "4", *resume[-2:], cwd=tmp_path)
     assert finished.returncode == 0, finished.stdout
     assert "PPO update(s)" in finished.stdout
 
 
 @pytest.mark.parametrize("how", ["path", "last"])
 def test_resuming_a_finished_run_says_how_to_extend_it_and_creates_nothing(
-    trained: Path, how: str
+    trained: Path, how: str, here: Esper
 ) -> None:
     root = trained.parents[2]  # <root>/lightning_logs/version_0/checkpoints
     before = sorted(p for p in root.parent.rglob("*"))
     ckpt = str(trained / "last.ckpt") if how == "path" else "last"
-    result = try_fit(root, "--ckpt_path", ckpt, max_epochs=1)
+    result = try_fit(here, root, "--ckpt_path", ckpt, max_epochs=1)
     assert result.returncode == 2
     said = lines(result)
     assert len(said) == 1, said
@@ -438,7 +480,7 @@ def test_resuming_a_finished_run_says_how_to_extend_it_and_creates_nothing(
 # ------------------------------------------------------------------ edited checkpoints
 @pytest.mark.slow
 def test_a_checkpoint_whose_weights_do_not_fit_its_settings_is_one_line_naming_them(
-    trained: Path, tmp_path: Path
+    trained: Path, tmp_path: Path, here: Esper
 ) -> None:
     path = tmp_path / "edited.ckpt"
     checkpoint = torch.load(trained / "last.ckpt", weights_only=True)
@@ -447,7 +489,7 @@ def test_a_checkpoint_whose_weights_do_not_fit_its_settings_is_one_line_naming_t
     command = [*_command("fit", path, tmp_path), "--trainer.max_epochs", "2"]
     before = set(tmp_path.rglob("*"))
 
-    result = esper(*command, cwd=tmp_path)
+    result = here(*command, cwd=tmp_path)
 
     _assert_one_line_naming(result, path, "does not fit this run's model.policy", before, tmp_path)
     assert "blueprint_head.bias" in lines(result)[0]
