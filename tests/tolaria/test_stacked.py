@@ -183,7 +183,9 @@ def test_a_stacked_epoch_validates_each_group_as_one_and_a_lone_env_alone(
     envs = [*cnn_envs(), apart]  # its own learning rate: no group
     train, val = image_loaders()
     run_epoch(envs, train, val, STACKED)
-    assert sorted(groups) == [2, 2, 7]  # as they trained
+    # As they trained: 16 samples over 12 envs give envs 0-3 two each and the others one,
+    # so the group of envs 0-5 and 10 trains as envs 0-3 and envs 4, 5, 10.
+    assert sorted(groups) == [2, 2, 3, 4]
     assert validated_alone == [id(apart)]
 
 
@@ -783,6 +785,19 @@ def test_a_batch_whose_shares_differ_in_size_trains_alone_and_agrees(
     _, stacked = run_both(cnn_envs, image_loaders(n_train=84, batch=44), epochs=1)
     assert len(steps) == 3 + 1
     assert all(env.probe is not None and env.probe[0].shape[0] == 3 for env in stacked[7:])
+
+
+def test_batches_that_split_unevenly_train_stacked_in_groups_of_one_share_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """40 samples over 11 envs: envs 0-6 get 4, envs 7-10 get 3, in every batch. The
+    group of envs 0-5 and 10 trains as envs 0-5 stacked and env 10 alone; the group of
+    envs 6 and 7 as two lone envs; the group of envs 8 and 9 as it is."""
+    assert stack_groups(cnn_envs()) == ([[0, 1, 2, 3, 4, 5, 10], [6, 7], [8, 9]], [])
+    steps = count_stacked_steps(monkeypatch)
+    _, stacked = run_both(cnn_envs, image_loaders(n_train=80, batch=40))
+    assert steps == [6, 2] * 2 * 2  # 2 groups, 2 batches, 2 epochs
+    assert [env.probe[0].shape[0] for env in stacked if env.probe is not None] == [4] * 7 + [3] * 4
 
 
 def test_a_stacked_epoch_reads_nothing_on_the_host() -> None:

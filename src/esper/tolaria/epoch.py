@@ -15,6 +15,7 @@ fused validation (``esper.tolaria.counterfactual``).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 
@@ -35,8 +36,8 @@ from esper.tolaria.compiled import compiled_forward_loss, forward_loss
 from esper.tolaria.counterfactual import validate_with_counterfactuals
 from esper.tolaria.host_training import HostTraining, autocast_to
 from esper.tolaria.parallel import resolve_workers, run_env_steps
-from esper.tolaria.shares import consecutive, env_share, group_shares, index_on
-from esper.tolaria.stacked import EnvView, StackedGroup, stack_groups
+from esper.tolaria.shares import by_share_size, consecutive, env_share, group_shares, index_on
+from esper.tolaria.stacked import MIN_GROUP, EnvView, StackedGroup, stack_groups
 from esper.tolaria.stacked_validation import validate_stacked
 from esper.tolaria.streams import env_streams as _env_streams
 from esper.tolaria.streams import on_stream as _on_stream
@@ -269,7 +270,10 @@ def _train_batches(
     not yet written back: they validate from their stacked tensors
     (``esper.tolaria.stacked_validation``), then the caller writes them back.
 
-    A group whose members' shares of a batch differ in size is written back and its
+    Groups are split where their members' shares of the first batch differ in size
+    (a batch that does not split evenly over the envs: ``esper.tolaria.shares.by_share_size``),
+    so that every batch of that size trains them stacked. A group whose members' shares
+    of a later batch differ in size (a loader's shorter last batch) is written back and its
     members train on that batch alone; one that runs out of memory is written back and
     its members finish the epoch alone (the per-env path applies ``on_oom``), starting
     with the batch it failed on: the failed step leaves the group as it found it
@@ -278,9 +282,14 @@ def _train_batches(
     members: list[list[int]] = []
     alone = list(range(len(envs)))
     views: list[EnvView] = []
-    if stacked:
+    batches = iter(batches)
+    first = next(batches, None)
+    if stacked and first is not None:
         views = [EnvView.of(env) for env in envs]  # one walk of each host, for both
         members, alone = stack_groups(envs, views)
+        size = first[0].shape[0]
+        members, apart = by_share_size(members, size, len(envs), options.paired_group, MIN_GROUP)
+        alone = sorted(alone + apart)
     groups = [
         StackedGroup([envs[i] for i in g], [accs[i] for i in g], [views[i] for i in g])
         for g in members
@@ -291,7 +300,7 @@ def _train_batches(
     rows = [None if consecutive(g) else index_on(env_devices[g[0]], g) for g in members]
     #: Groups that ran out of memory: their members finish the epoch on their own.
     split: set[int] = set()
-    for b, (x_cpu, y_cpu) in enumerate(batches):
+    for b, (x_cpu, y_cpu) in enumerate(itertools.chain(() if first is None else [first], batches)):
         # One copy of the batch per device the envs live on (round-robin placement).
         copies = {
             d: (x_cpu.to(d, non_blocking=True), y_cpu.to(d, non_blocking=True))

@@ -55,6 +55,36 @@ def group_shares(
     return xv.index_select(0, rows), yv.index_select(0, rows)
 
 
+def by_share_size(
+    groups: list[list[int]], batch_size: int, n_envs: int, paired_group: int | None, fewest: int
+) -> tuple[list[list[int]], list[int]]:
+    """``groups`` of env indices split where their members' shares of a batch of
+    ``batch_size`` differ in size, and the envs of parts smaller than ``fewest`` (or with
+    empty shares), which train alone.
+
+    Why: a stacked step needs its members' shares as one ``[G, b, ...]`` tensor. When the
+    batch does not split evenly over the envs, :func:`env_share` gives the first
+    ``batch_size % n_envs`` envs one row more than the others, in every batch of that
+    size; a group split there stacks every batch instead of none. With paired groups
+    every env trains on the same share, so no group splits.
+    """
+    longer = batch_size % n_envs  # envs below this index take one row more
+    if paired_group is not None or longer == 0:
+        return groups, []
+    shorter_have_rows = batch_size > n_envs  # else the envs from ``longer`` on have none
+    parts: list[list[int]] = []
+    alone: list[int] = []
+    for members in groups:
+        longer_part = [i for i in members if i < longer]
+        shorter_part = [i for i in members if i >= longer]
+        for part, stackable in ((longer_part, True), (shorter_part, shorter_have_rows)):
+            if stackable and len(part) >= fewest:
+                parts.append(part)
+            else:
+                alone += part
+    return parts, sorted(alone)
+
+
 def index_on(device: torch.device, values: list[int]) -> Tensor:
     """``values`` as an index tensor on ``device``, copied without stalling the host: a
     plain copy from pageable memory to a GPU waits for the work queued before it."""

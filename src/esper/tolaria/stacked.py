@@ -32,8 +32,11 @@ A group is formed at the start of an epoch, validates from its stacked tensors a
 (``esper.tolaria.stacked_validation``) and is then written back into its envs: lifecycle
 ops, rollback and checkpoints run between epochs on the envs' own tensors, as before. Within an epoch nothing changes which
 parameters exist, so the grouping holds. What cannot be stacked trains on the per-env
-path: an env alone in its group, a batch whose shares differ in size (the group is written
-back first), and a group that ran out of memory (its envs finish the epoch alone).
+path: an env alone in its group, a batch whose shares differ in size from the first
+batch's (a loader's shorter last batch; the group is written back first), and a group
+that ran out of memory (its envs finish the epoch alone). A batch that does not split
+evenly over the envs gives some envs one row more: groups are split there at the epoch's
+first batch (``esper.tolaria.shares.by_share_size``) and stack every batch of that size.
 
 Results equal the per-env path's up to float rounding: the elementwise work (SGD, batch
 norm statistics, the blend) is the same arithmetic, while a stacked convolution or matrix
