@@ -27,13 +27,14 @@ from esper.kasmina.hosts.base import HostModel
 from esper.kasmina.optim import OptimConfig
 from esper.kasmina.sgd import MOMENTUM_BUFFER
 from esper.mdp.env_config import EnvConfig
+from esper.tolaria import stack_grouping, stacked_validation
 from esper.tolaria import stacked as stacked_module
-from esper.tolaria import stacked_validation
 from esper.tolaria.accumulators import EnvAccumulator, accumulators
 from esper.tolaria.copies import Copies
 from esper.tolaria.epoch import EpochResult, run_epoch
 from esper.tolaria.host_training import HostTraining
-from esper.tolaria.stacked import StackedGroup, stack_groups
+from esper.tolaria.stack_grouping import stack_groups
+from esper.tolaria.stacked import StackedGroup
 from tests.tolaria.loaders import image_loaders, token_loaders
 from tests.tolaria.stacking import count_stacked_steps
 from tests.tolaria.test_epoch import FAST, to_stage
@@ -428,7 +429,7 @@ def test_a_built_template_runs_the_gate_of_a_fossilized_seed_that_some_member_ha
 
 def test_gates_split_a_key_group_only_where_they_differ() -> None:
     a, b = ((4,), "lr 0.1, no buffer"), ((4,), "lr 0.1, a buffer")
-    split = stacked_module._split_by_optional
+    split = stack_grouping._split_by_optional
     assert split([0, 1, 2], [{}, {"g1": a}, {}]) == [[0, 1, 2]]
     assert split([0, 1, 2], [{"g1": a}, {"g1": b}, {}]) == [[0, 2], [1]]
     assert split([0, 1, 2], [{"g1": a}, {"g2": a}, {"g1": a, "g2": a}]) == [[0, 1, 2]]

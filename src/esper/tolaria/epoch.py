@@ -37,7 +37,8 @@ from esper.tolaria.counterfactual import validate_with_counterfactuals
 from esper.tolaria.host_training import HostTraining, autocast_to
 from esper.tolaria.parallel import resolve_workers, run_env_steps
 from esper.tolaria.shares import by_share_size, consecutive, env_share, group_shares, index_on
-from esper.tolaria.stacked import MIN_GROUP, EnvView, StackedGroup, stack_groups
+from esper.tolaria.stack_grouping import MIN_GROUP, EnvView, stack_groups
+from esper.tolaria.stacked import StackedGroup
 from esper.tolaria.stacked_validation import validate_stacked
 from esper.tolaria.streams import env_streams as _env_streams
 from esper.tolaria.streams import on_stream as _on_stream
