@@ -201,14 +201,21 @@ class StackedGroup:
         #: (:func:`optional_signature`), is in TRAINING: run for those members at alpha 0
         #: in the host's pass and 1 in the incubation pass, the only one they learn from.
         incubated = [{slot.slot_id for slot in incubating_slots(e.model)} for e in self.envs]
-        self._mixed = [
-            _MixedSlot(
+
+        def mixed_slot(slot: SeedSlot) -> _MixedSlot:
+            assert slot.seed is not None  # blending_slots lists seeded slots
+            blending = [e.model.slot(slot.slot_id).stage in BLEND_STAGES for e in self.envs]
+            return _MixedSlot(
                 alpha=buffer_names[id(slot.alpha_tensor)],
                 params=[names[id(p)] for p in slot.seed.parameters()],
                 buffers=[buffer_names[id(b)] for b in slot.seed.buffers()],
-                blending=[e.model.slot(slot.slot_id).stage in BLEND_STAGES for e in self.envs],
+                blending=blending,
                 training=[slot.slot_id in ids for ids in incubated],
+                keeps_alpha=any(b and ids for b, ids in zip(blending, incubated, strict=True)),
             )
+
+        self._mixed = [
+            mixed_slot(slot)
             for slot in blending_slots(self.template)
             if slot.seed is not None and any(slot.slot_id in ids for ids in incubated)
         ]
@@ -268,9 +275,10 @@ class StackedGroup:
             names[id(p)] for slot in incubating for p in slot.seed_parameters()
         }
         #: What the incubation pass trains: the seeds in TRAINING, and a mixed slot's seed
-        #: (on its TRAINING rows: the others run it at alpha 0 there).
+        #: on its TRAINING rows, the others running it at alpha 0 there or, where one of
+        #: them incubates a seed (``_MixedSlot.keeps_alpha``), masked by row.
         self._learning_names = self._incubating_names | {
-            name for mixed in self._mixed for name in mixed.params
+            name for mixed in self._mixed if not mixed.keeps_alpha for name in mixed.params
         }
         self._incubating_buffers = {
             buffer_names[id(b)]
@@ -346,9 +354,15 @@ class StackedGroup:
         """The seed-only pass of the members' seeds in TRAINING (``esper.kasmina.incubation``):
         host parameters out of autograd, host buffers on copies, seeds at alpha 1."""
         # A mixed slot's seed runs at alpha 0 on its other rows here (``_with_missing``):
-        # their gradients from this pass are exact zeros, so only TRAINING rows learn.
+        # their gradients from this pass are exact zeros, so only TRAINING rows learn;
+        # where it keeps their alpha, only its TRAINING rows stay in autograd.
+        masked = {name: rows for mixed in stacked.mixed for name, rows in mixed.params.items()}
         params = {
-            name: p if name in self._learning_names else p.detach()
+            name: torch.where(masked[name], p, p.detach())
+            if name in masked
+            else p
+            if name in self._learning_names
+            else p.detach()
             for name, p in stacked.params.items()
         }
         # The host's buffers as the host's pass left them, on the group's copies (one
@@ -499,6 +513,11 @@ class StackedGroup:
                 training_alpha=rows_of(slot.training, buffers[slot.alpha].dim()).to(
                     buffers[slot.alpha].dtype
                 ),
+                keeps_alpha=slot.keeps_alpha,
+                params={
+                    name: rows_of(slot.training, params[name].dim())
+                    for name in (slot.params if slot.keeps_alpha else ())
+                },
                 buffers={
                     name: rows_of(slot.training, buffers[name].dim()) for name in slot.buffers
                 },
@@ -611,14 +630,17 @@ class StackedGroup:
 @dataclass(frozen=True)
 class _MixedSlot:
     """A slot where the group's template blends a seed in and some member's seed, the same
-    one, is in TRAINING: its seed's tensors by name, and per member whether it blends the
-    seed in and whether it incubates it (neither: it lacks the seed)."""
+    one, is in TRAINING: its seed's tensors by name, per member whether it blends the
+    seed in and whether it incubates it (neither: it lacks the seed), and whether a member
+    that blends it in incubates a seed (here or elsewhere): that member's incubation pass
+    must see this seed at its alpha, as its own incubation does."""
 
     alpha: str
     params: list[str]
     buffers: list[str]
     blending: list[bool]
     training: list[bool]
+    keeps_alpha: bool
 
 
 @dataclass(frozen=True)
@@ -626,11 +648,14 @@ class _MixedRows:
     """A :class:`_MixedSlot`'s rows on the device, each mask ``[G, 1, ...]`` shaped for its
     tensor: the members blending the seed in (for its alpha in the host's pass), the
     TRAINING members as alpha (1 there, 0 elsewhere: the incubation pass's), and the
-    TRAINING members for each seed buffer."""
+    TRAINING members for each seed buffer and, where the slot keeps the blending members'
+    alpha in the incubation pass, for each seed parameter (only those rows learn there)."""
 
     alpha: str
     blending: Tensor
     training_alpha: Tensor
+    keeps_alpha: bool
+    params: dict[str, Tensor]
     buffers: dict[str, Tensor]
 
 
@@ -721,7 +746,9 @@ def _with_missing(
     host's pass, as its own TRAINING slot passes the host's activation on, and at alpha 1
     in the incubation pass (and its seed's gate, which TRAINING does not run, as 1); the
     other members run it at their alpha in the host's pass and at 0 in the incubation
-    pass, which so gives their seed rows exact zeros (they learn from the host's pass)."""
+    pass, which so gives their seed rows exact zeros (they learn from the host's pass),
+    unless one that blends it in incubates a seed (``_MixedSlot.keeps_alpha``): then at
+    their alpha there too, and ``StackedGroup`` masks the seed's rows instead."""
     if stacked.gate_masks:
         params = params | {
             name: torch.where(has, params[name], _NO_GATE_LOGIT)
@@ -734,7 +761,11 @@ def _with_missing(
         }
     if stacked.mixed:  # a seed some members blend in and others incubate
         buffers = buffers | {
-            mixed.alpha: mixed.training_alpha
+            mixed.alpha: (
+                torch.where(mixed.blending, buffers[mixed.alpha], mixed.training_alpha)
+                if mixed.keeps_alpha
+                else mixed.training_alpha
+            )
             if incubating
             else torch.where(mixed.blending, buffers[mixed.alpha], 0.0)
             for mixed in stacked.mixed
