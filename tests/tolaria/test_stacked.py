@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -38,7 +39,7 @@ from esper.tolaria.stack_grouping import stack_groups
 from esper.tolaria.stacked import StackedGroup
 from tests.tolaria.loaders import image_loaders, token_loaders
 from tests.tolaria.stacking import count_stacked_steps
-from tests.tolaria.test_epoch import FAST, to_stage
+from tests.tolaria.test_epoch import FAST, PASS, to_stage
 
 STATE_ATOL = 1e-5
 FIGURE_ATOL = 1e-5
@@ -898,17 +899,73 @@ def test_stacked_epochs_of_envs_grown_at_random_equal_the_per_env_path(case: Gro
     of their ramps, widenings merged into some envs and not others, on even and uneven
     batches, paired or not. In float64, so that only rounding may part the engines."""
     training = {} if case.paired is None else {"paired_group": case.paired}
-    train, val = image_loaders(n_train=3 * case.batch, batch=case.batch)
-    loaders = tuple(
-        DataLoader(TensorDataset(x.double(), y), batch_size=case.batch)
+    loaders = float64_loaders(batch=case.batch, n_train=3 * case.batch)
+    with float64_default():
+        run_both(case.envs, loaders, atol=(FLOAT64_ATOL, FLOAT64_ATOL), **training)
+
+
+def float64_loaders(batch: int, n_train: int) -> tuple[DataLoader, DataLoader]:
+    """:func:`image_loaders`' images in float64, for tests run in float64."""
+    train, val = image_loaders(n_train=n_train, batch=batch)
+    return tuple(  # type: ignore[return-value]
+        DataLoader(TensorDataset(x.double(), y), batch_size=batch)
         for x, y in (train.dataset.tensors, val.dataset.tensors)
     )
+
+
+@contextmanager
+def float64_default() -> Iterator[None]:
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        run_both(case.envs, loaders, atol=(FLOAT64_ATOL, FLOAT64_ATOL), **training)
+        yield
     finally:
         torch.set_default_dtype(previous)
+
+
+@pytest.mark.slow
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(2, 5), st.sampled_from([(8, 16), (4, 8, 8)]), st.data())
+def test_stacked_epochs_with_lifecycle_ops_between_them_equal_the_per_env_path(
+    n: int, channels: tuple[int, ...], data: st.DataObject
+) -> None:
+    """Fresh envs, then between epochs the same drawn ops on both engines' envs, as a
+    rollout's decisions make them (plant a seed of any CNN blueprint and blend mode,
+    advance one, prune one), and every env's epoch end: groups form, split and re-form
+    as the envs grow apart, and each epoch stacks from what the last one wrote back."""
+    with float64_default():
+
+        def envs() -> list[GrowingHost]:
+            torch.manual_seed(0)
+            return [GrowingHost(CNNHost(channels=channels, lifecycle=FAST)) for _ in range(n)]
+
+        per_env, stacked = envs(), envs()
+        train, val = float64_loaders(
+            batch=data.draw(st.sampled_from([4 * n, 4 * n + 1])), n_train=40
+        )
+        for epoch in range(4):
+            a = run_epoch(per_env, train, val, HostTraining(cpu_workers=1))
+            b = run_epoch(stacked, train, val, HostTraining(engine="stacked"))
+            assert_close_results(a, b, FLOAT64_ATOL)
+            assert_close_states(per_env, stacked, FLOAT64_ATOL)
+            for i, (mine, theirs) in enumerate(zip(per_env, stacked, strict=True)):
+                slot_id = data.draw(st.sampled_from(mine.slot_ids))
+                slot = mine.model.slot(slot_id)
+                op = data.draw(st.sampled_from(["plant", "advance", "advance", "prune", None]))
+                if op == "plant" and slot.stage is SeedStage.DORMANT:
+                    blueprint = data.draw(st.sampled_from(FUZZ_BLUEPRINTS))
+                    mode = data.draw(st.sampled_from(list(BlendMode)))
+                    for env in (mine, theirs):  # the same initial weights on both
+                        torch.manual_seed(100 * epoch + i)
+                        env.germinate(slot_id, blueprint, mode)
+                elif op == "advance" and slot.has_seed:
+                    mine.advance(slot_id, PASS)
+                    theirs.advance(slot_id, PASS)
+                elif op == "prune" and slot.has_seed:
+                    mine.prune(slot_id)
+                    theirs.prune(slot_id)
+            for env in (*per_env, *stacked):
+                env.end_epoch()
 
 
 def test_a_member_blending_a_seed_in_sees_it_in_its_own_incubation_pass() -> None:
@@ -928,6 +985,23 @@ def test_a_member_blending_a_seed_in_sees_it_in_its_own_incubation_pass() -> Non
     ]
     assert stack_groups(planted(plan)) == ([[0, 1]], [])
     run_both(lambda: planted(plan), image_loaders(n_train=24, batch=8))
+
+
+def test_members_whose_shares_of_a_short_last_batch_are_empty_skip_it_as_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """40 samples in batches of 13 over 3 alike envs: env 0 takes 5 of each full batch,
+    envs 1 and 2 take 4 and train stacked; the last batch's one sample is env 0's, so the
+    group has no rows there and makes no step (a step on none would be NaN), as each of
+    its envs alone skips an empty share; paired, every env skips the last batch's empty
+    shares."""
+    steps = count_stacked_steps(monkeypatch)
+    run_both(lambda: cnn_envs()[:3], image_loaders(n_train=40, batch=13))
+    assert steps == [2] * 3 * 2  # 3 full batches, 2 epochs
+    steps.clear()
+    run_both(lambda: cnn_envs()[:4], image_loaders(n_train=49, batch=16), paired_group=2)
+    assert steps == [4] * 3 * 2  # shares 0, 1, 0 of 3 full batches, 2 epochs; share 1 of
+    # the last batch's one sample is empty
 
 
 def test_a_stacked_epoch_reads_nothing_on_the_host() -> None:

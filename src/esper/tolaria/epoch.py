@@ -316,6 +316,8 @@ def _train_batches(
                     copies[device], b, indices, rows[g], len(envs), options.paired_group
                 )
             if shares is not None:
+                if shares[1].shape[1] == 0:  # a short last batch: no rows for them, no step,
+                    continue  # as each would skip its own empty share
                 try:
                     group.step(*shares, options.amp_dtype)
                     continue
