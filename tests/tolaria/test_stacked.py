@@ -811,6 +811,8 @@ def test_batches_that_split_unevenly_train_stacked_in_groups_of_one_share_size(
 #: Blueprints a CNN slot takes, widenings twice as likely (the default catalogue's).
 FUZZ_BLUEPRINTS = ("conv_light", "conv_heavy", "conv_wide", "depthwise", "bottleneck", "norm")
 FUZZ_BLUEPRINTS += ("widen", "widen", "widen")
+#: The same for a transformer block.
+TRANSFORMER_FUZZ_BLUEPRINTS = ("attention", "lora", "mlp", "norm", "widen", "widen")
 #: The stages a training step treats differently, a seed just planted included; TRAINING
 #: and BLENDING twice as likely, as a group treats members differently there the most.
 FUZZ_STAGES = (
@@ -835,9 +837,17 @@ class Grown:
     channels: tuple[int, ...]
     batch: int
     paired: int | None
+    #: Transformer hosts of a block per entry of ``channels`` (else CNN hosts).
+    transformer: bool = False
 
     def envs(self) -> list[GrowingHost]:
-        made = planted(self.plan, lambda: CNNHost(channels=self.channels, lifecycle=FAST))
+        def host() -> HostModel:
+            if self.transformer:
+                layers = len(self.channels)
+                return TransformerHost(seq_len=12, d_model=32, n_layers=layers, lifecycle=FAST)
+            return CNNHost(channels=self.channels, lifecycle=FAST)
+
+        made = planted(self.plan, host)
         for env, ramp in zip(made, self.ramps, strict=True):
             for slot in env.model.iter_slots():
                 for _ in range(ramp if slot.stage is SeedStage.BLENDING else 0):
@@ -846,16 +856,17 @@ class Grown:
 
 
 @st.composite
-def grown_envs(draw: st.DrawFn) -> Grown:
-    """2-7 envs on a host of 2 or 3 stages, a batch size (even, uneven or small) and a
+def grown_envs(draw: st.DrawFn, transformer: bool = False) -> Grown:
+    """2-7 envs on a host of 2 or 3 stages (or transformer blocks), a batch size (even, uneven or small) and a
     paired-group size (None: unpaired). The envs' hosts are a base host (each slot empty
     or a seed of any CNN blueprint, blend mode and stage) and up to three variants of it,
     each differing in one thing at one slot (the seed's blend mode, stage or blueprint,
     or no seed): hosts that group, and differ where a group must treat members
     differently. Seeds blending in are at the first or a later point of their ramp."""
     channels = draw(st.sampled_from([(8, 16), (4, 8, 8)]))
+    blueprints = TRANSFORMER_FUZZ_BLUEPRINTS if transformer else FUZZ_BLUEPRINTS
     seed = st.tuples(
-        st.sampled_from(FUZZ_BLUEPRINTS),
+        st.sampled_from(blueprints),
         st.sampled_from(list(BlendMode)),
         st.sampled_from(FUZZ_STAGES),
     )
@@ -869,17 +880,19 @@ def grown_envs(draw: st.DrawFn) -> Grown:
         if field == 3:
             variant[k] = None
         else:
-            choices = (FUZZ_BLUEPRINTS, list(BlendMode), FUZZ_STAGES)[field]
+            choices = (blueprints, list(BlendMode), FUZZ_STAGES)[field]
             variant[k] = (*old[:field], draw(st.sampled_from(choices)), *old[field + 1 :])
         pool.append(tuple(variant))
     n = draw(st.integers(2, 7))
     hosts = [draw(st.sampled_from(pool)) for _ in range(n)]
+    slot = "block" if transformer else "stage"
     return Grown(
-        plan=[[(f"stage{k}", *s) for k, s in enumerate(host) if s is not None] for host in hosts],
+        plan=[[(f"{slot}{k}", *s) for k, s in enumerate(host) if s is not None] for host in hosts],
         ramps=draw(st.lists(st.integers(0, 1), min_size=n, max_size=n)),
         channels=channels,
         batch=draw(st.sampled_from([4 * n, 4 * n + 1, 5 * n - 1, 16])),
         paired=draw(st.none() | st.sampled_from([k for k in range(2, n + 1) if n % k == 0])),
+        transformer=transformer,
     )
 
 
@@ -900,6 +913,25 @@ def test_stacked_epochs_of_envs_grown_at_random_equal_the_per_env_path(case: Gro
     batches, paired or not. In float64, so that only rounding may part the engines."""
     training = {} if case.paired is None else {"paired_group": case.paired}
     loaders = float64_loaders(batch=case.batch, n_train=3 * case.batch)
+    with float64_default():
+        run_both(case.envs, loaders, atol=(FLOAT64_ATOL, FLOAT64_ATOL), **training)
+
+
+@pytest.mark.slow
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(grown_envs(transformer=True))
+def test_stacked_epochs_of_transformers_grown_at_random_equal_the_per_env_path(
+    case: Grown,
+) -> None:
+    """As for CNN hosts: seeds of every transformer blueprint, any mix, in float64."""
+    training = {} if case.paired is None else {"paired_group": case.paired}
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 16, (4 * case.batch, 13), generator=g)
+    train = tokens[: 3 * case.batch]
+    val = tokens[3 * case.batch :]
+    loaders = tuple(
+        DataLoader(TensorDataset(t[:, :-1], t[:, 1:]), batch_size=case.batch) for t in (train, val)
+    )
     with float64_default():
         run_both(case.envs, loaders, atol=(FLOAT64_ATOL, FLOAT64_ATOL), **training)
 
