@@ -53,6 +53,7 @@ none does, a copy of one member's host with the other members' seeds' slots copi
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -355,16 +356,17 @@ class StackedGroup:
         host parameters out of autograd, host buffers on copies, seeds at alpha 1."""
         # A mixed slot's seed runs at alpha 0 on its other rows here (``_with_missing``):
         # their gradients from this pass are exact zeros, so only TRAINING rows learn;
-        # where it keeps their alpha, only its TRAINING rows stay in autograd.
+        # where it keeps their alpha, this pass's gradient reaches its TRAINING rows only
+        # (a hook on the stacked tensor: one ``where`` in the backward, none forward).
         masked = {name: rows for mixed in stacked.mixed for name, rows in mixed.params.items()}
         params = {
-            name: torch.where(masked[name], p, p.detach())
-            if name in masked
-            else p
-            if name in self._learning_names
-            else p.detach()
+            name: p if name in self._learning_names or name in masked else p.detach()
             for name, p in stacked.params.items()
         }
+        hooks = [
+            stacked.params[name].register_hook(functools.partial(_on_rows, rows))
+            for name, rows in masked.items()
+        ]
         # The host's buffers as the host's pass left them, on the group's copies (one
         # multi-tensor copy, not a clone each), and a mixed slot's seed statistics as
         # they are: those move for its TRAINING rows here and are put back on the others.
@@ -381,7 +383,11 @@ class StackedGroup:
             seed_loss, _ = self.template.loss_and_correct_per_env(
                 self._forward(params, buffers, x), y
             )
-        seed_loss.sum().backward()
+        try:
+            seed_loss.sum().backward()
+        finally:
+            for hook in hooks:
+                hook.remove()
         with torch.no_grad():
             for moved, before, rows in stacked.kept:
                 torch.where(rows, moved, before, out=moved)
@@ -771,6 +777,11 @@ def _with_missing(
             for mixed in stacked.mixed
         }
     return params, buffers
+
+
+def _on_rows(rows: Tensor, grad: Tensor) -> Tensor:
+    """``grad`` on ``rows`` (``[G, 1, ...]`` bool), exact zeros on the others."""
+    return torch.where(rows, grad, 0.0)
 
 
 def _owners_by_name(
