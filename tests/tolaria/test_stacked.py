@@ -854,6 +854,20 @@ class Grown:
                     slot.end_epoch()
         return made
 
+    def loaders(self) -> tuple[DataLoader, DataLoader]:
+        """Three batches to train on and one to validate: images in float64, or tokens."""
+        if not self.transformer:
+            return float64_loaders(batch=self.batch, n_train=3 * self.batch)
+        g = torch.Generator().manual_seed(1)
+        tokens = torch.randint(0, 16, (4 * self.batch, 13), generator=g)
+        return tuple(  # type: ignore[return-value]
+            DataLoader(TensorDataset(t[:, :-1], t[:, 1:]), batch_size=self.batch)
+            for t in (tokens[: 3 * self.batch], tokens[3 * self.batch :])
+        )
+
+    def training(self) -> dict[str, object]:
+        return {} if self.paired is None else {"paired_group": self.paired}
+
 
 @st.composite
 def grown_envs(draw: st.DrawFn, transformer: bool = False) -> Grown:
@@ -911,10 +925,8 @@ def test_stacked_epochs_of_envs_grown_at_random_equal_the_per_env_path(case: Gro
     blueprint in every stage a step treats differently, at any slot, at different points
     of their ramps, widenings merged into some envs and not others, on even and uneven
     batches, paired or not. In float64, so that only rounding may part the engines."""
-    training = {} if case.paired is None else {"paired_group": case.paired}
-    loaders = float64_loaders(batch=case.batch, n_train=3 * case.batch)
     with float64_default():
-        run_both(case.envs, loaders, atol=(FLOAT64_ATOL, FLOAT64_ATOL), **training)
+        run_both(case.envs, case.loaders(), atol=(FLOAT64_ATOL,) * 2, **case.training())
 
 
 @pytest.mark.slow
@@ -924,16 +936,8 @@ def test_stacked_epochs_of_transformers_grown_at_random_equal_the_per_env_path(
     case: Grown,
 ) -> None:
     """As for CNN hosts: seeds of every transformer blueprint, any mix, in float64."""
-    training = {} if case.paired is None else {"paired_group": case.paired}
-    g = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, 16, (4 * case.batch, 13), generator=g)
-    train = tokens[: 3 * case.batch]
-    val = tokens[3 * case.batch :]
-    loaders = tuple(
-        DataLoader(TensorDataset(t[:, :-1], t[:, 1:]), batch_size=case.batch) for t in (train, val)
-    )
     with float64_default():
-        run_both(case.envs, loaders, atol=(FLOAT64_ATOL, FLOAT64_ATOL), **training)
+        run_both(case.envs, case.loaders(), atol=(FLOAT64_ATOL,) * 2, **case.training())
 
 
 def float64_loaders(batch: int, n_train: int) -> tuple[DataLoader, DataLoader]:
@@ -963,27 +967,22 @@ GROWING = frozenset(
 
 @pytest.mark.slow
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(2, 5), st.sampled_from([(8, 16), (4, 8, 8)]), st.data())
+@given(st.booleans().flatmap(lambda transformer: grown_envs(transformer)), st.data())
 def test_stacked_epochs_with_lifecycle_ops_between_them_equal_the_per_env_path(
-    n: int, channels: tuple[int, ...], data: st.DataObject
+    case: Grown, data: st.DataObject
 ) -> None:
-    """Fresh envs, then between epochs the same drawn ops on both engines' envs, as a
-    rollout's decisions make them (plant a seed of any CNN blueprint and blend mode,
-    advance one, prune one), and every env's epoch end: groups form, split and re-form
-    as the envs grow apart, and each epoch stacks from what the last one wrote back."""
+    """Envs grown at random (:func:`grown_envs`, CNN or transformer hosts), then between
+    epochs the same drawn ops on both engines' envs, as a rollout's decisions make them
+    (plant a seed of any blueprint and blend mode, advance one, prune one), and every
+    env's epoch end: groups form, split and re-form as the envs grow, and each epoch
+    stacks from what the last one wrote back."""
+    blueprints = TRANSFORMER_FUZZ_BLUEPRINTS if case.transformer else FUZZ_BLUEPRINTS
+    train, val = case.loaders()
     with float64_default():
-
-        def envs() -> list[GrowingHost]:
-            torch.manual_seed(0)
-            return [GrowingHost(CNNHost(channels=channels, lifecycle=FAST)) for _ in range(n)]
-
-        per_env, stacked = envs(), envs()
-        train, val = float64_loaders(
-            batch=data.draw(st.sampled_from([4 * n, 4 * n + 1])), n_train=40
-        )
+        per_env, stacked = case.envs(), case.envs()
         for epoch in range(4):
-            a = run_epoch(per_env, train, val, HostTraining(cpu_workers=1))
-            b = run_epoch(stacked, train, val, HostTraining(engine="stacked"))
+            a = run_epoch(per_env, train, val, HostTraining(cpu_workers=1, **case.training()))
+            b = run_epoch(stacked, train, val, HostTraining(engine="stacked", **case.training()))
             assert_close_results(a, b, FLOAT64_ATOL)
             assert_close_states(per_env, stacked, FLOAT64_ATOL)
             for i, (mine, theirs) in enumerate(zip(per_env, stacked, strict=True)):
@@ -991,7 +990,7 @@ def test_stacked_epochs_with_lifecycle_ops_between_them_equal_the_per_env_path(
                 slot = mine.model.slot(slot_id)
                 op = data.draw(st.sampled_from(["plant", "advance", "advance", "prune", None]))
                 if op == "plant" and slot.stage is SeedStage.DORMANT:
-                    blueprint = data.draw(st.sampled_from(FUZZ_BLUEPRINTS))
+                    blueprint = data.draw(st.sampled_from(blueprints))
                     mode = data.draw(st.sampled_from(list(BlendMode)))
                     for env in (mine, theirs):  # the same initial weights on both
                         torch.manual_seed(100 * epoch + i)
