@@ -15,6 +15,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch import Tensor
 
 from esper.contracts import BlendMode, SeedStage
@@ -29,6 +31,7 @@ from esper.tolaria.parallel import resolve_workers, run_env_steps, threads_per_w
 from tests.mdp.envs import collector, small_env
 from tests.tolaria.loaders import image_loaders, token_loaders
 from tests.tolaria.test_epoch import FAST, cnn_envs, to_stage
+from tests.tolaria.test_stacked import Grown, float64_default, grown_envs
 
 
 @pytest.fixture(autouse=True)
@@ -79,6 +82,28 @@ def test_cnn_envs_in_workers_equal_the_sequential_path_bit_for_bit(workers: int)
         assert_same_result(expected, got)
     assert_same_hosts(sequential, parallel)
     assert torch.get_num_threads() == 1  # restored, not left at the workers' count
+
+
+@pytest.mark.slow
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.booleans().flatmap(lambda transformer: grown_envs(transformer)), st.integers(2, 3))
+def test_envs_grown_at_random_in_workers_equal_the_sequential_path_bit_for_bit(
+    case: Grown, workers: int
+) -> None:
+    """Any mix of seeds, stages, ramps and merged widenings, CNN or transformer hosts,
+    even or uneven batches, paired or not (``tests.tolaria.test_stacked.grown_envs``)."""
+    train, val = case.loaders()
+    with float64_default():
+        sequential, parallel = case.envs(), case.envs()
+        for _ in range(2):
+            expected = run_epoch(
+                sequential, train, val, HostTraining(cpu_workers=1, **case.training())
+            )
+            got = run_epoch(
+                parallel, train, val, HostTraining(cpu_workers=workers, **case.training())
+            )
+            assert_same_result(expected, got)
+        assert_same_hosts(sequential, parallel)
 
 
 def test_with_spare_cores_each_worker_runs_on_its_share_and_equals_that_many_threads() -> None:
