@@ -871,12 +871,13 @@ class Grown:
 
 @st.composite
 def grown_envs(draw: st.DrawFn, transformer: bool = False) -> Grown:
-    """2-7 envs on a host of 2 or 3 stages (or transformer blocks), a batch size (even, uneven or small) and a
-    paired-group size (None: unpaired). The envs' hosts are a base host (each slot empty
-    or a seed of any CNN blueprint, blend mode and stage) and up to three variants of it,
-    each differing in one thing at one slot (the seed's blend mode, stage or blueprint,
-    or no seed): hosts that group, and differ where a group must treat members
-    differently. Seeds blending in are at the first or a later point of their ramp."""
+    """2-7 envs on a host of 2 or 3 stages (or transformer blocks), a batch size (even,
+    uneven or small) and a paired-group size (None: unpaired). The envs' hosts are a base
+    host (each slot empty or a seed of any blueprint, blend mode and stage) and up to
+    three variants of it, each differing in one thing at one slot (the seed's blend mode,
+    stage or blueprint, or no seed): hosts that group, and differ where a group must
+    treat members differently. Seeds blending in are at the first or a later point of
+    their ramp."""
     channels = draw(st.sampled_from([(8, 16), (4, 8, 8)]))
     blueprints = TRANSFORMER_FUZZ_BLUEPRINTS if transformer else FUZZ_BLUEPRINTS
     seed = st.tuples(

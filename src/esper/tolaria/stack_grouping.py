@@ -288,8 +288,8 @@ def optional_signature(env: GrowingHost, view: EnvView | None = None) -> dict[st
     same way; and per slot whose seed blends in, an entry ``"<slot>:blends"``. A group's
     template has every entry any member has, so where some member blends its seed in,
     the template does: its forward runs the seed for every member, and a member whose
-    seed there is in TRAINING trains with it (:class:`~esper.tolaria.stacked.StackedGroup`: alpha 0 in the
-    host's pass, 1 in the incubation pass)."""
+    seed there is in TRAINING trains with it (``esper.tolaria.stacked.StackedGroup``:
+    alpha 0 in the host's pass, 1 in the incubation pass)."""
     view = view or EnvView.of(env)
     settings = view.settings
 

@@ -32,12 +32,13 @@ Which envs form a group is decided in ``esper.tolaria.stack_grouping``. A group 
 formed at the start of an epoch, validates from its stacked tensors at the end
 (``esper.tolaria.stacked_validation``) and is then written back into its envs: lifecycle
 ops, rollback and checkpoints run between epochs on the envs' own tensors, as before.
-Within an epoch nothing changes which parameters exist, so the grouping holds. What cannot be stacked trains on the per-env
-path: an env alone in its group, a batch whose shares differ in size from the first
-batch's (a loader's shorter last batch; the group is written back first), and a group
-that ran out of memory (its envs finish the epoch alone). A batch that does not split
-evenly over the envs gives some envs one row more: groups are split there at the epoch's
-first batch (``esper.tolaria.shares.by_share_size``) and stack every batch of that size.
+Within an epoch nothing changes which parameters exist, so the grouping holds. What
+cannot be stacked trains on the per-env path: an env alone in its group, a batch whose
+shares differ in size from the first batch's (a loader's shorter last batch; the group is
+written back first), and a group that ran out of memory (its envs finish the epoch
+alone). A batch that does not split evenly over the envs gives some envs one row more:
+groups are split there at the epoch's first batch (``esper.tolaria.shares.by_share_size``)
+and stack every batch of that size. Members left no rows by a short batch make no step.
 
 Results equal the per-env path's up to float rounding: the elementwise work (SGD, batch
 norm statistics, the blend) is the same arithmetic, while a stacked convolution or matrix
@@ -93,7 +94,8 @@ _NO_GATE_LOGIT = float("inf")
 
 
 class StackedGroup:
-    """Envs of one :func:`~esper.tolaria.stack_grouping.stack_key` training as one network for an epoch.
+    """Envs of one key (``esper.tolaria.stack_grouping.stack_key``) training as one network
+    for an epoch.
 
     ``step`` takes each member's share of a batch stacked ``[G, b, ...]``; ``write_back``
     puts parameters, buffers, momentum and the epoch's sums into the members (their
