@@ -35,6 +35,7 @@ from esper.tolaria.accumulators import EnvAccumulator, accumulators
 from esper.tolaria.copies import Copies
 from esper.tolaria.epoch import EpochResult, run_epoch
 from esper.tolaria.host_training import HostTraining
+from esper.tolaria.snapshot import HostSnapshot
 from esper.tolaria.stack_grouping import stack_groups
 from esper.tolaria.stacked import StackedGroup
 from tests.tolaria.loaders import image_loaders, token_loaders
@@ -960,6 +961,8 @@ def float64_default() -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
+#: What the lifecycle property test draws for an env between epochs (None: nothing).
+LIFECYCLE_OPS = ("plant", "advance", "advance", "prune", "snapshot", "restore", None)
 #: Stages a seed advances or is pruned from (FOSSILIZED is final).
 GROWING = frozenset(
     {SeedStage.GERMINATED, SeedStage.TRAINING, SeedStage.BLENDING, SeedStage.HOLDING}
@@ -974,13 +977,15 @@ def test_stacked_epochs_with_lifecycle_ops_between_them_equal_the_per_env_path(
 ) -> None:
     """Envs grown at random (:func:`grown_envs`, CNN or transformer hosts), then between
     epochs the same drawn ops on both engines' envs, as a rollout's decisions make them
-    (plant a seed of any blueprint and blend mode, advance one, prune one), and every
-    env's epoch end: groups form, split and re-form as the envs grow, and each epoch
-    stacks from what the last one wrote back."""
+    (plant a seed of any blueprint and blend mode, advance one, prune one, snapshot the
+    env or restore its snapshot, as the governor's rollback does), and every env's epoch
+    end: groups form, split and re-form as the envs grow, and each epoch stacks from what
+    the last one wrote back."""
     blueprints = TRANSFORMER_FUZZ_BLUEPRINTS if case.transformer else FUZZ_BLUEPRINTS
     train, val = case.loaders()
     with float64_default():
         per_env, stacked = case.envs(), case.envs()
+        snapshots: dict[int, tuple[HostSnapshot, HostSnapshot]] = {}
         for epoch in range(4):
             a = run_epoch(per_env, train, val, HostTraining(cpu_workers=1, **case.training()))
             b = run_epoch(stacked, train, val, HostTraining(engine="stacked", **case.training()))
@@ -989,8 +994,16 @@ def test_stacked_epochs_with_lifecycle_ops_between_them_equal_the_per_env_path(
             for i, (mine, theirs) in enumerate(zip(per_env, stacked, strict=True)):
                 slot_id = data.draw(st.sampled_from(mine.slot_ids))
                 slot = mine.model.slot(slot_id)
-                op = data.draw(st.sampled_from(["plant", "advance", "advance", "prune", None]))
-                if op == "plant" and slot.stage is SeedStage.DORMANT:
+                op = data.draw(st.sampled_from(LIFECYCLE_OPS))
+                if op == "snapshot":
+                    snapshots[i] = (
+                        HostSnapshot.take(mine, epoch),
+                        HostSnapshot.take(theirs, epoch),
+                    )
+                elif op == "restore" and i in snapshots:
+                    for snapshot, env in zip(snapshots[i], (mine, theirs), strict=True):
+                        snapshot.restore(env)
+                elif op == "plant" and slot.stage is SeedStage.DORMANT:
                     blueprint = data.draw(st.sampled_from(blueprints))
                     mode = data.draw(st.sampled_from(list(BlendMode)))
                     for env in (mine, theirs):  # the same initial weights on both
