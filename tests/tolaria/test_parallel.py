@@ -29,9 +29,9 @@ from esper.tolaria.epoch import EpochResult, run_epoch
 from esper.tolaria.host_training import HostTraining
 from esper.tolaria.parallel import resolve_workers, run_env_steps, threads_per_worker
 from tests.mdp.envs import collector, small_env
+from tests.tolaria.grown import Grown, float64_default, grown_envs
 from tests.tolaria.loaders import image_loaders, token_loaders
 from tests.tolaria.test_epoch import FAST, cnn_envs, to_stage
-from tests.tolaria.test_stacked import Grown, float64_default, grown_envs
 
 
 @pytest.fixture(autouse=True)
