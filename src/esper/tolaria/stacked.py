@@ -281,7 +281,7 @@ class StackedGroup:
         #: on its TRAINING rows, the others running it at alpha 0 there or, where one of
         #: them incubates a seed (``_MixedSlot.keeps_alpha``), masked by row.
         self._learning_names = self._incubating_names | {
-            name for mixed in self._mixed if not mixed.keeps_alpha for name in mixed.params
+            name for mixed in self._mixed for name in mixed.params
         }
         self._incubating_buffers = {
             buffer_names[id(b)]
@@ -362,7 +362,7 @@ class StackedGroup:
         # (a hook on the stacked tensor: one ``where`` in the backward, none forward).
         masked = {name: rows for mixed in stacked.mixed for name, rows in mixed.params.items()}
         params = {
-            name: p if name in self._learning_names or name in masked else p.detach()
+            name: p if name in self._learning_names else p.detach()
             for name, p in stacked.params.items()
         }
         hooks = [
