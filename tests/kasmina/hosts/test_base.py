@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import Tensor
 
 from esper.contracts import BlendMode, SeedStage
 from esper.kasmina import HOSTS, CNNHost, GateSignals, HostModel, TransformerHost
@@ -67,16 +68,24 @@ def test_host_parameters_exclude_live_seeds_and_include_fossilized_ones(kind: st
     ) + sum(p.numel() for p in host.slot(fossil).seed_parameters())
 
 
+def random_targets_and_logits(
+    kind: str, targets: tuple[int, ...], logits: tuple[int, ...], requires_grad: bool = False
+) -> tuple[Tensor, Tensor]:
+    """Class targets of leading shape ``targets`` and logits of leading shape ``logits``
+    for ``make_host(kind)``: 10 classes per image, or 11 tokens at each of 8 positions."""
+    per_sample = () if kind == "cnn" else (8,)
+    classes = 10 if kind == "cnn" else 11
+    return (
+        torch.randint(0, classes, (*targets, *per_sample)),
+        torch.randn(*logits, *per_sample, classes, requires_grad=requires_grad),
+    )
+
+
 @pytest.mark.parametrize("kind", HOST_KINDS)
 def test_per_replica_loss_and_correct_match_each_replica_alone(kind: str) -> None:
     host = make_host(kind)
     torch.manual_seed(3)
-    if kind == "cnn":
-        targets = torch.randint(0, 10, (4,))
-        outputs = torch.randn(3 * 4, 10)
-    else:
-        targets = torch.randint(0, 11, (4, 8))
-        outputs = torch.randn(3 * 4, 8, 11)
+    targets, outputs = random_targets_and_logits(kind, (4,), (3 * 4,))
     correct = host.correct_per_replica(outputs, targets, replicas=3)
     losses = host.loss_per_replica(outputs, targets, replicas=3)
     assert correct.shape == losses.shape == (3,)
@@ -93,12 +102,7 @@ def test_per_env_loss_and_correct_match_each_env_alone_and_the_mapped_default(
 ) -> None:
     host = make_host(kind)
     torch.manual_seed(4)
-    if kind == "cnn":
-        targets = torch.randint(0, 10, (5, 4))
-        outputs = torch.randn(5, 4, 10, requires_grad=True)
-    else:
-        targets = torch.randint(0, 11, (5, 4, 8))
-        outputs = torch.randn(5, 4, 8, 11, requires_grad=True)
+    targets, outputs = random_targets_and_logits(kind, (5, 4), (5, 4), requires_grad=True)
     losses, correct = host.loss_and_correct_per_env(outputs, targets)
     mapped_losses, mapped_correct = HostModel.loss_and_correct_per_env(host, outputs, targets)
     assert losses.shape == correct.shape == (5,)
@@ -117,12 +121,7 @@ def test_per_env_loss_and_correct_match_each_env_alone_and_the_mapped_default(
 def test_per_env_replica_sums_match_each_env_alone_and_the_mapped_default(kind: str) -> None:
     host = make_host(kind)
     torch.manual_seed(5)
-    if kind == "cnn":
-        targets = torch.randint(0, 10, (4,))
-        outputs = torch.randn(5, 3 * 4, 10)
-    else:
-        targets = torch.randint(0, 11, (4, 8))
-        outputs = torch.randn(5, 3 * 4, 8, 11)
+    targets, outputs = random_targets_and_logits(kind, (4,), (5, 3 * 4))
     losses, correct = host.loss_and_correct_per_replica_per_env(outputs, targets, 3)
     mapped = HostModel.loss_and_correct_per_replica_per_env(host, outputs, targets, 3)
     assert losses.shape == correct.shape == (5, 3)
