@@ -9,7 +9,10 @@
 #           into .whl/, esper-lite and the side-by-side script into .peer/ (both ignored
 #           by git; about 9 MB)
 #   there:  run(command="bash benchmarks/cpu_session.sh run", carry=[".whl", ".peer"])
-#           the table lands in $OUT/cpu_side_by_side.txt
+#           the table lands in $OUT/cpu_side_by_side.txt; before it, benchmarks/workers.py
+#           at 4 envs in 4 threads and in 4 processes ($OUT/cpu_workers.txt: whether the
+#           interpreter lock that the worker threads share costs a 16-core CPU what
+#           processes would save)
 # ESPER_CPU_ENVS (default 4) and ESPER_CPU_ROUNDS (default 3: about 3 minutes there) size
 # the run; PYTHON names the interpreter (default python3); DEVICE_PYTHON_VERSION the
 # Python the wheels are for (default 3.12, the machine's). Esper runs from src/ with the
@@ -65,7 +68,13 @@ run() {
   "$python" -c "import os, torch; print(f'{os.cpu_count()} CPUs, torch {torch.__version__}, \
 {torch.get_num_threads()} intra-op threads')" | tee "$out/${device}_side_by_side.txt"
   echo "Esper run as: $wrap/esper fit ...$engine" | tee -a "$out/${device}_side_by_side.txt"
-  ESPER="$wrap/esper" PEER_VENV="$wrap/peer" timeout 540 bash .peer/side_by_side.sh \
+  if [ "$device" = cpu ]; then
+    # Threads or processes on this CPU (the interpreter lock's cost at 4 workers, each op
+    # on one core): benchmarks/workers.py, before the comparison, alone on the machine.
+    PYTHONPATH=$root/src:$site timeout 90 "$python" benchmarks/workers.py --n-envs 4 \
+      --workers 4 --updates 1 --repeats 2 2>&1 | grep -v "available:" | tee "$out/cpu_workers.txt"
+  fi
+  ESPER="$wrap/esper" PEER_VENV="$wrap/peer" timeout 480 bash .peer/side_by_side.sh \
     --envs "${ESPER_CPU_ENVS:-4}" --rounds "${ESPER_CPU_ROUNDS:-3}" --device "$device" 2>&1 \
     | tee -a "$out/${device}_side_by_side.txt"
 }
