@@ -237,6 +237,18 @@ def test_channels_last_gives_the_nchw_network_s_outputs_and_gradients() -> None:
 
 
 # ------------------------------------------------------- widening (static_equal)
+def test_mapped_runs_the_stage_relus_out_of_place_and_gives_them_back_even_on_error() -> None:
+    host = CNNHost(channels=(8, 16), convs_per_stage=2)
+    relus = [m for m in host.modules() if isinstance(m, torch.nn.ReLU)]
+    assert len(relus) == 4 and all(relu.inplace for relu in relus)
+    with host.mapped():
+        assert not any(relu.inplace for relu in relus)
+    assert all(relu.inplace for relu in relus)
+    with pytest.raises(RuntimeError, match="inside"), host.mapped():
+        raise RuntimeError("inside")
+    assert all(relu.inplace for relu in relus)
+
+
 def test_widening_offers_every_floor_and_ceiling_of_each_stage() -> None:
     candidates = CNNHost.widened_kwargs({"channels": [2, 4, 8], "convs_per_stage": 1}, 1.3)
     # 2.6 -> 2|3, 5.2 -> 5|6, 10.4 -> 10|11
