@@ -9,7 +9,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from esper.tolaria.accumulators import finite
+from esper.contracts import BlendMode
+from esper.kasmina import CNNHost, GrowingHost
+from esper.tolaria.accumulators import accumulators, epoch_figures, finite
+from tests.tolaria.test_epoch import FAST
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
@@ -27,3 +30,65 @@ def test_finite_is_isfinite_at_the_edges(dtype: torch.dtype) -> None:
 def test_finite_is_isfinite_for_any_floats(values: list[float]) -> None:
     tensor = torch.tensor(values, dtype=torch.float32)
     assert torch.equal(finite(tensor), torch.isfinite(tensor))
+
+
+def _envs(n: int) -> list[GrowingHost]:
+    """``n`` envs, every other one training a seed in stage0 (a seed optimizer)."""
+    torch.manual_seed(0)
+    envs = [GrowingHost(CNNHost(channels=(8, 16), lifecycle=FAST)) for _ in range(n)]
+    for env in envs[1::2]:
+        env.germinate("stage0", "conv_light", BlendMode.LINEAR)
+    return envs
+
+
+def test_the_envs_of_a_device_share_one_tensor_per_sum_each_writing_its_row() -> None:
+    envs = _envs(3)
+    accs = accumulators(envs)
+    sums = accs[0].sums
+    assert all(acc.sums is sums for acc in accs)
+    assert [acc.row for acc in accs] == [0, 1, 2]
+    accs[1].loss_sum.add_(2.5)
+    accs[2].correct.add_(3)
+    accs[0].loss_finite.logical_and_(torch.tensor(False))
+    assert sums.loss_sum.tolist() == [0.0, 2.5, 0.0]
+    assert sums.correct.tolist() == [0, 0, 3]
+    assert sums.loss_finite.tolist() == [False, True, True]
+    # Env 1 trains its seed's parameters; envs 0 and 2 train none.
+    seed = list(envs[1].model.slot("stage0").seed_parameters())
+    assert accs[1].seed_params == seed and not accs[0].seed_params and not accs[2].seed_params
+    accs[1].params_finite[-1] = False
+    assert sums.params_finite.tolist() == [True] * (len(seed) - 1) + [False]
+
+
+def test_epoch_figures_are_each_envs_own_means_and_flags() -> None:
+    envs = _envs(4)
+    accs = accumulators(envs)
+    for k, acc in enumerate(accs):
+        acc.loss_sum.add_(torch.tensor(1.0) / 3 * (k + 1))
+        acc.correct.add_(k)
+        acc.seen = 7 * k  # env 0 saw nothing: its means divide by 1
+    accs[3].params_finite[0] = False
+    train_loss, train_acc, loss_finite, grads_finite = epoch_figures(accs, torch.device("cpu"))
+    assert torch.equal(train_loss, torch.stack([a.loss_sum / max(a.seen, 1) for a in accs]))
+    assert torch.equal(train_acc, torch.stack([a.correct / max(a.seen, 1) for a in accs]))
+    assert loss_finite.tolist() == [True] * 4
+    # Slot stage0 of env 3 got a non-finite gradient; stage1 trains nothing anywhere.
+    assert grads_finite.tolist() == [[True, True], [True, True], [True, True], [False, True]]
+
+
+def test_epoch_figures_come_back_in_env_order_from_sums_apart() -> None:
+    """Envs on two devices have two sums; here two epochs' lists interleaved stand in."""
+    first, second = accumulators(_envs(2)), accumulators(_envs(1))
+    for acc, loss in zip(first + second, (1.0, 2.0, 3.0), strict=True):
+        acc.loss_sum.add_(loss)
+        acc.seen = 1
+    mixed = [first[0], second[0], first[1]]
+    train_loss, _, _, grads_finite = epoch_figures(mixed, torch.device("cpu"))
+    assert train_loss.tolist() == [1.0, 3.0, 2.0]
+    assert grads_finite.shape == (3, 2)
+
+
+def test_epoch_figures_refuse_part_of_a_devices_accumulators() -> None:
+    accs = accumulators(_envs(3))
+    with pytest.raises(ValueError, match="every accumulator of a device's sums, in their order"):
+        epoch_figures(accs[1:], torch.device("cpu"))

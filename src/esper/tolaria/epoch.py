@@ -29,6 +29,7 @@ from esper.tolaria.accumulators import (
     EnvAccumulator,
     accumulator,
     accumulators,
+    epoch_figures,
     finite,
     update_grad_flags,
 )
@@ -182,18 +183,15 @@ def run_epoch(
                 f"yield at least one batch of at least {len(envs)} samples (one per env)"
             )
 
-    def gather(values: list[Tensor]) -> Tensor:
-        """Stack per-env figures on ``device``: device-to-device copies, no host read."""
-        return torch.stack([v.to(device, non_blocking=True) for v in values])
-
+    train_loss, train_acc, loss_finite, seed_grads_finite = epoch_figures(train, device)
     return EpochResult(
-        train_loss=gather([a.loss_sum / max(a.seen, 1) for a in train]),
-        train_acc=gather([a.correct / max(a.seen, 1) for a in train]),
+        train_loss=train_loss,
+        train_acc=train_acc,
         val_loss=val_loss,
         val_acc=val_acc,
         cf_val_acc=cf_acc,
-        loss_finite=gather([a.loss_finite for a in train]),
-        seed_grads_finite=gather([a.seed_grads_finite() for a in train]),
+        loss_finite=loss_finite,
+        seed_grads_finite=seed_grads_finite,
         skipped_envs=tuple(i for i, a in enumerate(train) if a.skipped),
         train_predictions=tuple(a.seen for a in train),
         stacked_predictions=tuple(a.seen_stacked for a in train),
