@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import collections
+import os
+import signal
 from pathlib import Path
 
 import lightning as L
@@ -103,6 +106,26 @@ def test_a_failed_save_leaves_the_previous_checkpoint_intact(tmp_path: Path) -> 
         io.save_checkpoint({"state_dict": {}, "x": Unpicklable()}, path)
     assert torch.equal(io.load_checkpoint(path)["state_dict"]["w"], torch.ones(2))
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temp file left
+
+
+def test_ctrl_c_during_a_save_lands_once_the_checkpoint_is_written(tmp_path: Path) -> None:
+    """A KeyboardInterrupt raised inside ``torch.save`` could leave its zip writer
+    mid-record and end the run with a RuntimeError instead of the interrupt."""
+    path = tmp_path / "last.ckpt"
+
+    class PressesCtrlC:
+        def __reduce__(self):  # type: ignore[no-untyped-def]
+            os.kill(os.getpid(), signal.SIGINT)  # Python's handler runs at once
+            return (collections.OrderedDict, ())  # what a safe load takes
+
+    with pytest.raises(KeyboardInterrupt):
+        EsperCheckpointIO().save_checkpoint(
+            {"state_dict": {"w": torch.ones(4)}, "x": PressesCtrlC()}, path
+        )
+    written = EsperCheckpointIO().load_checkpoint(path)
+    assert written["x"] == {} and torch.equal(written["state_dict"]["w"], torch.ones(4))
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temp file left
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_a_truncated_checkpoint_is_named_in_the_error(tmp_path: Path) -> None:
