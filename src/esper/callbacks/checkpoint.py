@@ -11,8 +11,9 @@ checkpoint belongs to, so that a resumed run continues it.
 
 :class:`EsperCheckpointIO` reads and writes them. Writes go to a temporary file that is
 renamed over the target only once complete, so a kill during a save leaves the previous
-checkpoint intact; a Ctrl-C during a save lands once the save is done. Reads (:func:`read_checkpoint`) are safe loads (``weights_only=True``),
-and a file that cannot be read raises :class:`CheckpointError` naming it.
+checkpoint intact, and a Ctrl-C during a save lands once the save is done. Reads
+(:func:`read_checkpoint`) are safe loads (``weights_only=True``), and a file that cannot
+be read raises :class:`CheckpointError` naming it.
 """
 
 from __future__ import annotations

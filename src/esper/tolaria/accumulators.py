@@ -157,9 +157,13 @@ def epoch_figures(
                 "pass the whole list that accumulators() made"
             )
         own = sums.loss_sum.device
-        # In the sums' own float dtype, exact for any count a run reaches (2 ** 24).
+        # In the sums' own float dtype, exact for any count a run reaches (2 ** 24);
+        # uploaded from pinned memory on CUDA, so nothing waits for the device.
         counts = [max(accs[i].seen, 1) for i in members]
-        seen = torch.tensor(counts, dtype=sums.loss_sum.dtype).to(own, non_blocking=True)
+        seen = torch.tensor(counts, dtype=sums.loss_sum.dtype)
+        if own.type == "cuda":
+            seen = seen.pin_memory()
+        seen = seen.to(own, non_blocking=True)
         grads_finite = torch.ones(
             len(members), accs[members[0]].n_slots, device=own, dtype=torch.bool
         )
