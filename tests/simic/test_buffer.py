@@ -214,3 +214,27 @@ def test_a_kept_transition_must_lie_between_the_dropped_position_and_the_cursor(
     with pytest.raises(ValueError, match=r"\[2, 3\)"):
         buf.invalidate(0, from_step=2, keep=3)
     assert buf.pos == [3, 3, 3]
+
+
+def test_a_rollout_of_one_episode_an_env_is_unbroken_until_a_reset_or_a_restore() -> None:
+    """``PPOBatch.unbroken`` (the replay may run the LSTM in one call) holds while every
+    env's state chains from its step 0: an episode start later, or a governor restore,
+    breaks it until the next rollout."""
+    buf = _buffer()
+    _fill(buf, seed=0)
+    batch = buf.finish(torch.zeros(E), 0.99, 0.95)
+    assert batch.unbroken
+    assert batch.select_envs(torch.tensor([2, 0])).unbroken
+
+    buf.reset()
+    g = torch.Generator().manual_seed(1)
+    _step(buf, g, start=True)
+    _step(buf, g, start=True)  # a second episode starts at step 1
+    assert not buf.finish(torch.zeros(E), 0.99, 0.95).unbroken
+
+    buf.reset()
+    _fill(buf, seed=2)
+    assert buf.finish(torch.zeros(E), 0.99, 0.95).unbroken
+    buf.invalidate(1, 2, keep=3)  # env 1's kept step 3 moves to 2, flagged a restart
+    batch = buf.finish(torch.zeros(E), 0.99, 0.95)
+    assert not batch.unbroken and batch.hidden_restarts.any()

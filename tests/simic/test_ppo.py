@@ -23,6 +23,7 @@ from esper.simic.ppo import (
 )
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.policy import LSTMState, PolicyConfig, PolicyNetwork
+from tests.ops import OpCounter
 from tests.simic import bandit_env
 from tests.simic.bandit_env import BEST_ACTION, BanditEnv
 from tests.tamiyo.factories import OBS_DIM, make_policy, random_masks
@@ -49,10 +50,11 @@ def _stored_states(acted_from: list[LSTMState]) -> LSTMState:
 
 
 def _rollout_batch(
-    policy: PolicyNetwork, n_envs: int = 8, n_steps: int = 5, seed: int = 0
+    policy: PolicyNetwork, n_envs: int = 8, n_steps: int = 5, seed: int = 0, unbroken: bool = False
 ) -> PPOBatch:
     """A batch from real act() calls with random masks, starts, rewards, a few invalid steps
-    and a few hidden restarts (steps acting from a stored state, as after a restore)."""
+    and a few hidden restarts (steps acting from a stored state, as after a restore); with
+    ``unbroken``, one episode an env from step 0 and no restart, and the batch says so."""
     g = torch.Generator().manual_seed(seed)
     hidden = policy.initial_state(n_envs)
     obs, starts, step_masks, actions, log_probs, values = [], [], [], [], [], []
@@ -61,6 +63,8 @@ def _rollout_batch(
         o = torch.randn(n_envs, OBS_DIM, generator=g)
         s = torch.full((n_envs,), t == 0) | (torch.rand(n_envs, generator=g) < 0.2)
         r = (torch.rand(n_envs, generator=g) < 0.3) & (t > 0)
+        if unbroken:
+            s, r = torch.full((n_envs,), t == 0), torch.zeros_like(r)
         elsewhere = tuple(torch.randn(h.shape, generator=g) for h in hidden)
         hidden = tuple(
             torch.where(r.view(1, -1, 1), x, h) for x, h in zip(elsewhere, hidden, strict=True)
@@ -91,6 +95,7 @@ def _rollout_batch(
         episode_starts=torch.stack(starts, 1),
         hidden_restarts=torch.stack(restarts, 1),
         valid=valid,
+        unbroken=unbroken,
     )
 
 
@@ -192,6 +197,35 @@ def test_the_update_replays_each_minibatch_from_the_stored_states_it_acted_from(
     policy = sharp_policy()
     stats = ppo_update(policy, make_optimizer(policy, config), chained, config)
     assert stats["approx_kl"] > 1e-3
+
+
+def test_an_unbroken_batch_updates_the_policy_as_the_step_by_step_replay_does() -> None:
+    """``PPOBatch.unbroken`` lets the replay run the LSTM in one call; the update it
+    makes is the step loop's, within float rounding."""
+    batch = _rollout_batch(make_policy(), n_steps=12, unbroken=True)
+    config = PPOConfig(update_epochs=2)
+    policies, ops = [], []
+    for flag in (False, True):
+        policy = make_policy()
+        with OpCounter() as counter:
+            stats = ppo_update(
+                policy,
+                make_optimizer(policy, config),
+                dataclasses.replace(batch, unbroken=flag),
+                config,
+                generator=torch.Generator().manual_seed(0),
+            )
+        assert stats["approx_kl"].abs() < 1e-3
+        policies.append(policy)
+        ops.append(counter.total)
+    assert ops[1] < ops[0] / 2, ops  # the replay's LSTM ran in one call a minibatch
+    stepped, fused = (dict(p.named_parameters()) for p in policies)
+    moved = [
+        name for name, p in stepped.items() if not torch.equal(p, make_policy().state_dict()[name])
+    ]
+    assert any(name.startswith("lstm") for name in moved)  # the update trained the LSTM
+    for name, param in stepped.items():
+        torch.testing.assert_close(fused[name], param, atol=1e-5, rtol=1e-5, msg=name)
 
 
 def test_update_makes_no_host_reads_without_target_kl() -> None:

@@ -11,6 +11,7 @@ from esper.contracts import ActionSchema, BlendMode, LifecycleOp
 from esper.host_reads import HostReadCounter
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.policy import BLEND, BLUEPRINT, OP, SLOT, PolicyConfig, PolicyNetwork
+from tests.ops import OpCounter
 from tests.tamiyo.factories import OBS_DIM, SCHEMA, make_policy, random_masks
 
 #: One act call over this many envs draws this many samples of the factored action.
@@ -111,9 +112,11 @@ def test_deterministic_takes_the_most_likely_legal_choice() -> None:
 
 
 def _rollout(
-    policy: PolicyNetwork, n_envs: int, n_steps: int, seed: int
+    policy: PolicyNetwork, n_envs: int, n_steps: int, seed: int, resets_after_start: bool = True
 ) -> tuple[dict[str, torch.Tensor], ActionMasks, tuple[torch.Tensor, torch.Tensor]]:
-    """Act for ``n_steps`` with random masks and random episode starts; stack what a buffer keeps."""
+    """Act for ``n_steps`` with random masks and random episode starts (with
+    ``resets_after_start`` False: at step 0 only, as one episode a rollout); stack what a
+    buffer keeps."""
     g = torch.Generator().manual_seed(seed)
     hidden = policy.initial_state(n_envs)
     # A non-zero start state, as a rollout that continues an earlier one would have.
@@ -126,6 +129,8 @@ def _rollout(
     for _ in range(n_steps):
         obs = torch.randn(n_envs, OBS_DIM, generator=g)
         starts = torch.rand(n_envs, generator=g) < 0.3
+        if not resets_after_start:
+            starts.fill_(len(step_masks) == 0)
         masks = random_masks((n_envs,), g)
         result = policy.act(obs, hidden, masks, episode_starts=starts, generator=g)
         hidden = result.hidden
@@ -158,6 +163,45 @@ def test_evaluate_replays_act_exactly_including_episode_resets() -> None:
         data["obs"], hidden0, masks, data["actions"], torch.zeros_like(data["starts"])
     )
     assert not torch.allclose(value_no_reset, data["value"], atol=TOL)
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_an_unbroken_replay_runs_the_lstm_in_one_call_as_act_stepped_it(layers: int) -> None:
+    """With no reset after step 0 and no restart, ``unbroken`` replays whole sequences in
+    one fused LSTM call: act's figures, and the step loop's gradients, within rounding."""
+    policy = make_policy(config=PolicyConfig(hidden_size=32, lstm_layers=layers))
+    data, masks, hidden0 = _rollout(policy, 5, 7, seed=4, resets_after_start=False)
+    assert data["starts"][:, 0].all() and not data["starts"][:, 1:].any()
+    replays = []
+    for unbroken in (False, True):
+        policy.zero_grad()
+        log_prob, entropy, value = policy.evaluate(
+            data["obs"], hidden0, masks, data["actions"], data["starts"], unbroken=unbroken
+        )
+        torch.testing.assert_close(log_prob, data["log_prob"], atol=TOL, rtol=TOL)
+        torch.testing.assert_close(entropy, data["entropy"], atol=TOL, rtol=TOL)
+        torch.testing.assert_close(value, data["value"], atol=TOL, rtol=TOL)
+        (log_prob.sum() + entropy.sum() + value.sum()).backward()
+        replays.append({n: p.grad.clone() for n, p in policy.named_parameters()})
+    stepped, fused = replays
+    assert any(n.startswith("lstm") for n in fused)
+    for name, grad in stepped.items():
+        torch.testing.assert_close(fused[name], grad, atol=TOL, rtol=TOL, msg=name)
+
+
+def test_an_unbroken_replay_launches_a_few_lstm_ops_not_a_loop_of_them() -> None:
+    policy = make_policy(config=PolicyConfig(hidden_size=32))
+    data, masks, hidden0 = _rollout(policy, 5, 12, seed=5, resets_after_start=False)
+    counts = []
+    for unbroken in (False, True):
+        with OpCounter() as ops:
+            log_prob, _, value = policy.evaluate(
+                data["obs"], hidden0, masks, data["actions"], data["starts"], unbroken=unbroken
+            )
+            (log_prob.sum() + value.sum()).backward()
+        counts.append(ops.total)
+    # The step loop's ops, forward and backward, grow with the 12 steps; the call's do not.
+    assert counts[1] < counts[0] - 10 * 12, counts
 
 
 def test_evaluate_starts_flagged_steps_from_their_stored_state() -> None:
@@ -243,6 +287,15 @@ def test_act_and_evaluate_make_no_host_reads() -> None:
                 s.transpose(0, 1).unsqueeze(1).expand(n_envs, n_steps, *s.shape[::2])
                 for s in result.hidden
             ),
+        )
+        (log_prob.sum() + entropy.sum() + value.sum()).backward()
+        log_prob, entropy, value = policy.evaluate(  # the replay in one LSTM call
+            obs.unsqueeze(1).expand(n_envs, n_steps, OBS_DIM),
+            hidden,
+            seq_masks,
+            result.actions.unsqueeze(1).expand(n_envs, n_steps, 4),
+            (torch.arange(n_steps) == 0).expand(n_envs, n_steps),  # episodes start at step 0
+            unbroken=True,
         )
         (log_prob.sum() + entropy.sum() + value.sum()).backward()
     assert counter.count == 0, counter.report()

@@ -17,7 +17,6 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader
 
 from esper.contracts import BlendMode, SeedStage
@@ -36,6 +35,7 @@ from esper.tolaria.host_training import HostTraining
 from esper.tolaria.snapshot import HostSnapshot
 from esper.tolaria.stack_grouping import stack_groups
 from esper.tolaria.stacked import StackedGroup
+from tests.ops import OpCounter
 from tests.tolaria.grown import (
     FUZZ_BLUEPRINTS,
     TRANSFORMER_FUZZ_BLUEPRINTS,
@@ -936,20 +936,6 @@ def test_a_stacked_epoch_reads_nothing_on_the_host() -> None:
     assert result.val_acc.shape == (len(envs),)
 
 
-class _BackwardNodes(TorchDispatchMode):
-    """The autograd nodes whose backward ran an op, by name."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: set[str] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        node = torch._C._current_autograd_node()
-        if node is not None:
-            self.names.add(node.name())
-        return func(*args, **(kwargs or {}))
-
-
 def test_a_stacked_step_of_cnn_hosts_writes_no_mapped_view_in_place() -> None:
     """An in-place op on a mapped activation (a view of the stacked one) makes autograd
     copy the slices it wrote back in every backward (``CopySlices``: a clone and copies,
@@ -960,11 +946,11 @@ def test_a_stacked_step_of_cnn_hosts_writes_no_mapped_view_in_place() -> None:
     in_place = [relu for relu in relus if relu.inplace]
     assert in_place  # the stages' (a seed's are out of place)
     train, val = image_loaders()
-    with _BackwardNodes() as nodes:
+    with OpCounter() as ops:
         result = run_epoch(envs, train, val, STACKED)
     assert sum(result.stacked_predictions) > 0
-    assert "ConvolutionBackward0" in nodes.names  # the mode saw the backward passes
-    assert not {"CopySlices", "AsStridedBackward0"} & nodes.names
+    assert "ConvolutionBackward0" in ops.backward_nodes  # the mode saw the backward passes
+    assert not {"CopySlices", "AsStridedBackward0"} & ops.backward_nodes
     assert [relu for relu in relus if relu.inplace] == in_place
 
 

@@ -3,29 +3,16 @@
 from __future__ import annotations
 
 import collections
-from typing import Any
 
 import pytest
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from esper.tolaria.stacked_norm import batch_norms, batch_norms_unfolded, unfolded_forward
+from tests.ops import OpCounter
 
 G = 3
-
-
-class _OpCounter(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
-    ) -> Any:
-        self.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _norms(kind: type[nn.modules.batchnorm._BatchNorm], channels: int) -> list[nn.Module]:
@@ -127,7 +114,7 @@ def test_it_runs_one_fused_norm_with_no_filled_weight_or_separate_affine() -> No
         def loss(p: dict[str, Tensor], b: dict[str, Tensor], xs: Tensor) -> Tensor:
             return functional_call(norms[0], (p, b), (xs,))
 
-        counter = _OpCounter()
+        counter = OpCounter()
         with counter:
             if unfolded:
                 with batch_norms_unfolded(norms[:1]):

@@ -88,12 +88,16 @@ class RolloutBuffer:
         self.pos: list[int] = [0] * n_envs
         #: Per env: its next written step is a hidden restart (it follows an invalidate).
         self._restart_next: list[bool] = [False] * n_envs
+        #: Whether some env's recurrent state is reset after its step 0 or restored (a
+        #: governor rollback) this rollout: host-side, for ``PPOBatch.unbroken``.
+        self._broken = False
 
     # ----------------------------------------------------------------- writing
     def reset(self) -> None:
         """Start a new rollout: every cursor at 0, every step invalid."""
         self.pos = [0] * self.n_envs
         self._restart_next = [False] * self.n_envs
+        self._broken = False
         self.valid.zero_()
         self.terminated.zero_()
         self.truncated.zero_()
@@ -167,6 +171,8 @@ class RolloutBuffer:
         written = [-1] * self.n_envs
         for e in rows:
             written[e] = self.pos[e]
+            if episode_start and self.pos[e] > 0:
+                self._broken = True
             if self._restart_next[e]:
                 self.hidden_restarts[e, self.pos[e]] = True  # a device fill, no read
                 self._restart_next[e] = False
@@ -223,6 +229,7 @@ class RolloutBuffer:
         dropped = self.pos[env] - start
         self.pos[env] = start
         self._restart_next[env] = True
+        self._broken = True
         return dropped
 
     def _move(self, env: int, src: int, dst: int) -> None:
@@ -270,4 +277,5 @@ class RolloutBuffer:
             episode_starts=self.episode_starts,
             hidden_restarts=self.hidden_restarts,
             valid=self.valid,
+            unbroken=not self._broken,
         )

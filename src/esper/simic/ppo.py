@@ -343,6 +343,7 @@ def ppo_update(
                 mb.episode_starts,
                 hidden_restarts=mb.hidden_restarts,
                 stored_hidden=mb.hidden,
+                unbroken=mb.unbroken,
             )
             losses = ppo_losses(mb, new_log_prob, entropy, new_value, config)
             loss = losses.policy - ent_coef * losses.entropy + config.vf_coef * losses.value

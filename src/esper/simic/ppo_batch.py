@@ -60,6 +60,11 @@ class PPOBatch:
     episode_starts: Tensor
     hidden_restarts: Tensor
     valid: Tensor
+    #: Host-side: no env's state is reset after step 0 or restored at all
+    #: (``episode_starts`` only at step 0, no ``hidden_restarts``), so the replay may run
+    #: the LSTM over whole sequences in one call (``PolicyNetwork.evaluate``'s
+    #: ``unbroken``). False claims nothing: the replay steps through.
+    unbroken: bool = False
 
     def __post_init__(self) -> None:
         env_time = tuple(self.obs.shape[:2])
@@ -101,7 +106,7 @@ class PPOBatch:
         per_env = {
             f.name: getattr(self, f.name).index_select(0, env_idx)
             for f in fields(self)
-            if f.name not in ("masks", "hidden")
+            if f.name not in ("masks", "hidden", "unbroken")
         }
         return PPOBatch(
             **per_env,
@@ -110,4 +115,5 @@ class PPOBatch:
                 self.hidden[0].index_select(0, env_idx),
                 self.hidden[1].index_select(0, env_idx),
             ),
+            unbroken=self.unbroken,
         )

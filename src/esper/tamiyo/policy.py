@@ -19,6 +19,7 @@ restore flagged, so the update replays exactly what the rollout computed.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -208,6 +209,7 @@ class PolicyNetwork(nn.Module):
         episode_starts: Tensor,
         hidden_restarts: Tensor | None = None,
         stored_hidden: LSTMState | None = None,
+        unbroken: bool = False,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Replay stored sequences: ``obs [E, T, D]``, masks ``[E, T, ...]``, ``actions [E, T, 4]``.
 
@@ -220,22 +222,32 @@ class PolicyNetwork(nn.Module):
         before the episode reset, as the rollout passed it to :meth:`act`. A ``where`` per
         step: no host read. Returns ``(log_prob, entropy, value)``, each ``[E, T]``, with
         gradients.
+
+        ``unbroken`` is the caller's word (host-side: the buffer knows it) that no state
+        is reset after step 0 or restored at all: ``episode_starts`` only at step 0, no
+        ``hidden_restarts``. The LSTM then replays whole sequences in one fused
+        call (:meth:`_recur_sequence`) instead of a Python step loop: the same function,
+        rounded differently (about 1e-7), in a few kernels where the loop launched about
+        45 a step, forward and backward.
         """
         if (hidden_restarts is None) != (stored_hidden is None):
             raise ValueError("evaluate: pass hidden_restarts and stored_hidden together")
         x = self.encoder(obs)  # [E, T, H]
-        hidden = hidden0
-        steps = []
-        for t in range(x.shape[1]):
-            if hidden_restarts is not None and stored_hidden is not None:
-                restart = hidden_restarts[:, t].view(1, -1, 1)
-                hidden = tuple(  # type: ignore[assignment]
-                    torch.where(restart, stored[:, t].transpose(0, 1), state)
-                    for stored, state in zip(stored_hidden, hidden, strict=True)
-                )
-            out, hidden = self._recur(x[:, t], hidden, episode_starts[:, t])
-            steps.append(out)
-        features = torch.stack(steps, dim=1)  # [E, T, H]
+        if unbroken:  # step 0's reset, then no other: the flags after it are all False
+            features = self._recur_sequence(x, _reset_hidden(hidden0, episode_starts[:, 0]))
+        else:
+            hidden = hidden0
+            steps = []
+            for t in range(x.shape[1]):
+                if hidden_restarts is not None and stored_hidden is not None:
+                    restart = hidden_restarts[:, t].view(1, -1, 1)
+                    hidden = tuple(  # type: ignore[assignment]
+                        torch.where(restart, stored[:, t].transpose(0, 1), state)
+                        for stored, state in zip(stored_hidden, hidden, strict=True)
+                    )
+                out, hidden = self._recur(x[:, t], hidden, episode_starts[:, t])
+                steps.append(out)
+            features = torch.stack(steps, dim=1)  # [E, T, H]
         heads = self._heads(features, masks, actions=actions)
         return heads.log_prob, heads.entropy, self.value_head(features).squeeze(-1)
 
@@ -259,6 +271,32 @@ class PolicyNetwork(nn.Module):
             cs.append(c_l)
             x = h_l
         return x, (torch.stack(hs), torch.stack(cs))
+
+    def _recur_sequence(self, x: Tensor, hidden: LSTMState) -> Tensor:
+        """The LSTM over whole sequences, ``x [E, T, H]`` from ``hidden`` → ``[E, T, H]``:
+        :meth:`_recur` at every step with no reset between, as one ``torch.lstm`` call on
+        the cells' own parameters (oneDNN on a CPU, cuDNN on CUDA)."""
+        params = [
+            p
+            for cell in self.lstm
+            for p in (cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)
+        ]
+        with warnings.catch_warnings():
+            # cuDNN copies weights that are not one contiguous block (the cells' are four
+            # tensors each) into one for the call, and says so; a few copies per call.
+            warnings.filterwarnings("ignore", message="RNN module weights are not part")
+            out, _, _ = torch.lstm(
+                x,
+                hidden,
+                params,
+                True,  # has biases
+                len(self.lstm),
+                0.0,  # dropout
+                self.training,
+                False,  # bidirectional
+                True,  # batch first
+            )
+        return out
 
     def _heads(
         self,
