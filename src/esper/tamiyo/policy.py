@@ -13,7 +13,8 @@ never touched.
 Hidden state is ``(h, c)``, each ``[lstm_layers, E, hidden_size]``. Both :meth:`act`
 and :meth:`evaluate` zero it for an env whose step starts a new episode, before that
 step's LSTM update, and :meth:`evaluate` takes the stored state at the steps a governor
-restore flagged, so the update replays exactly what the rollout computed.
+restore flagged, so the update replays what the rollout computed: exactly, step by step,
+or within float rounding in one fused LSTM call where nothing broke the chain of states.
 """
 
 from __future__ import annotations
