@@ -31,9 +31,10 @@ PY
 # shellcheck disable=SC2086  # lists of counts
 timeout 120 "$py" benchmarks/launch_strategies.py --device "$device" --n-envs $launch_envs 2>&1 \
   | tee "$out/launch_strategies.txt"
-# CUDA tests of the host-training paths (stacked vs per-env, streams, AMP, rollout reads).
+# CUDA tests of the host-training paths (stacked vs per-env, streams, AMP, rollout reads)
+# and of the policy's fused (cuDNN) replay.
 timeout 150 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/tolaria tests/mdp \
-  tests/kasmina 2>&1 | tee "$out/gpu_tests.txt"
+  tests/kasmina tests/tamiyo 2>&1 | tee "$out/gpu_tests.txt"
 # shellcheck disable=SC2086
 timeout 180 "$py" benchmarks/gpu.py --device "$device" --n-envs $envs --epochs "$epochs" 2>&1 \
   | tee "$out/gpu_bench.txt"

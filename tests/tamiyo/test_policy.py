@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -187,6 +188,36 @@ def test_an_unbroken_replay_runs_the_lstm_in_one_call_as_act_stepped_it(layers: 
     assert any(n.startswith("lstm") for n in fused)
     for name, grad in stepped.items():
         torch.testing.assert_close(fused[name], grad, atol=TOL, rtol=TOL, msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_unbroken_replay_is_the_step_loop_within_rounding() -> None:
+    """cuDNN runs the fused replay there (copying the cells' weights into one block, which
+    it would warn about each call); its figures and gradients are the loop's."""
+    policy = make_policy(config=PolicyConfig(hidden_size=32, lstm_layers=2))
+    data, masks, hidden0 = _rollout(policy, 5, 7, seed=6, resets_after_start=False)
+    device = torch.device("cuda")
+    policy = policy.to(device)
+    data = {k: v.to(device) for k, v in data.items()}
+    masks = masks.to(device)
+    hidden0 = tuple(h.to(device) for h in hidden0)
+    replays = []
+    for unbroken in (False, True):
+        policy.zero_grad()
+        # TF32 off: cuDNN's RNN would use it by default, the loop's matmuls not.
+        with warnings.catch_warnings(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            warnings.simplefilter("error")  # no warning reaches the user from the call
+            figures = policy.evaluate(
+                data["obs"], hidden0, masks, data["actions"], data["starts"], unbroken=unbroken
+            )
+        sum(f.sum() for f in figures).backward()
+        replays.append((figures, {n: p.grad.clone() for n, p in policy.named_parameters()}))
+    (stepped, stepped_grads), (fused, fused_grads) = replays
+    for a, b in zip(stepped, fused, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+    for name, grad in stepped_grads.items():
+        torch.testing.assert_close(fused_grads[name], grad, atol=1e-4, rtol=1e-4, msg=name)
 
 
 def test_an_unbroken_replay_launches_a_few_lstm_ops_not_a_loop_of_them() -> None:
