@@ -228,8 +228,10 @@ class PolicyNetwork(nn.Module):
         is reset after step 0 or restored at all: ``episode_starts`` only at step 0, no
         ``hidden_restarts``. The LSTM then replays whole sequences in one fused
         call (:meth:`_recur_sequence`) instead of a Python step loop: the same function,
-        rounded differently (about 1e-7), in a few kernels where the loop launched about
-        45 a step, forward and backward.
+        rounded differently (about 1e-7 on a CPU; on CUDA cuDNN's RNN computes in TF32
+        unless ``torch.backends.cudnn.rnn.fp32_precision`` says otherwise, so about 1e-3
+        there, which PPO's clipping absorbs), in a few kernels where the loop launched
+        about 45 a step, forward and backward.
         """
         if (hidden_restarts is None) != (stored_hidden is None):
             raise ValueError("evaluate: pass hidden_restarts and stored_hidden together")
