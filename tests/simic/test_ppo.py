@@ -17,9 +17,11 @@ from esper.simic.ppo import (
     PPOBatch,
     PPOConfig,
     make_optimizer,
+    masked_mean,
     ppo_losses,
     ppo_update,
     trained_advantages,
+    valid_count,
 )
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.policy import LSTMState, PolicyConfig, PolicyNetwork
@@ -382,6 +384,24 @@ def test_ppo_learns_the_best_action_of_a_bandit() -> None:
             break
     assert probs[-1] > TARGET_PROB, f"best-action probability per update: {probs}"
     print(f"reached {probs[-1]:.3f} after {len(probs)} updates")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_masked_mean_over_a_counted_mask_is_the_mean_that_counts_it(dtype: torch.dtype) -> None:
+    """``ppo_losses`` counts a minibatch's valid steps once for its seven means; each is
+    the mean over the valid entries, bit for bit as if it had counted them itself, and 0
+    (not NaN) where none is valid, whatever sits at the invalid ones."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 6, generator=g, dtype=dtype)
+    valid = torch.rand(4, 6, generator=g) < 0.6
+    x[~valid] = float("nan")
+    count = valid_count(valid, torch.float32)  # a count in another dtype is converted
+    mean = masked_mean(x, valid, count)
+    assert mean.dtype == dtype
+    assert torch.equal(mean, masked_mean(x, valid))
+    torch.testing.assert_close(mean, x[valid].mean())  # (summed in another order)
+    none = torch.zeros_like(valid)
+    assert masked_mean(x, none, valid_count(none, dtype)) == 0
 
 
 def test_explained_variance_matches_the_plain_formula_over_valid_entries() -> None:

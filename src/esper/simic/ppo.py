@@ -200,11 +200,19 @@ class PPOLosses(NamedTuple):
     clip_fraction: Tensor
 
 
-def masked_mean(x: Tensor, valid: Tensor) -> Tensor:
+def masked_mean(x: Tensor, valid: Tensor, n_valid: Tensor | None = None) -> Tensor:
     """Mean of ``x`` over ``valid`` entries (same shape); 0 if none is valid; non-finite
-    values at invalid entries neither leak into the result nor into its gradient."""
-    n_valid = valid.sum().clamp_min(1).to(x.dtype)
+    values at invalid entries neither leak into the result nor into its gradient.
+    ``n_valid`` is :func:`valid_count` of ``valid``, for callers that take several means
+    over one mask (three kernels each saved)."""
+    n_valid = valid_count(valid, x.dtype) if n_valid is None else n_valid.to(x.dtype)
     return torch.where(valid, x, 0.0).sum() / n_valid
+
+
+def valid_count(valid: Tensor, dtype: torch.dtype) -> Tensor:
+    """How many entries of ``valid`` are True, at least 1, as a ``dtype`` device scalar:
+    what :func:`masked_mean` divides by."""
+    return valid.sum().clamp_min(1).to(dtype)
 
 
 def explained_variance(values: Tensor, returns: Tensor, valid: Tensor) -> Tensor:
@@ -232,6 +240,7 @@ def ppo_losses(
     """Clipped-surrogate, value and entropy terms for ``batch`` given the policy's
     re-evaluation of it (``[E, T]`` each), averaged over valid steps."""
     valid = batch.valid
+    n_valid = valid_count(valid, new_log_prob.dtype)
     # Invalid steps may hold garbage (NaN after a failed epoch): zero it before any
     # arithmetic, or 0 * NaN would reach the gradient.
     old_log_prob = torch.where(valid, batch.log_probs, 0.0)
@@ -239,19 +248,21 @@ def ppo_losses(
     returns = torch.where(valid, batch.returns, 0.0)
     advantages = torch.where(valid, batch.advantages, 0.0)
     if config.normalize_advantages:
-        mean = masked_mean(advantages, valid)
-        std = masked_mean((advantages - mean).square(), valid).sqrt()
+        mean = masked_mean(advantages, valid, n_valid)
+        std = masked_mean((advantages - mean).square(), valid, n_valid).sqrt()
         advantages = (advantages - mean) / (std + config.advantage_norm_eps)
 
     log_ratio = new_log_prob - old_log_prob
     ratio = log_ratio.exp()
     with torch.no_grad():
-        approx_kl = masked_mean((ratio - 1) - log_ratio, valid)
-        clip_fraction = masked_mean(((ratio - 1.0).abs() > config.clip_coef).to(ratio.dtype), valid)
+        approx_kl = masked_mean((ratio - 1) - log_ratio, valid, n_valid)
+        clip_fraction = masked_mean(
+            ((ratio - 1.0).abs() > config.clip_coef).to(ratio.dtype), valid, n_valid
+        )
 
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * ratio.clamp(1 - config.clip_coef, 1 + config.clip_coef)
-    policy_loss = masked_mean(torch.maximum(pg_loss1, pg_loss2), valid)
+    policy_loss = masked_mean(torch.maximum(pg_loss1, pg_loss2), valid, n_valid)
 
     value_loss_unclipped = (new_value - returns).square()
     if config.value_clip_coef is not None:
@@ -263,12 +274,12 @@ def ppo_losses(
         )
     else:
         value_loss_per_step = value_loss_unclipped
-    value_loss = 0.5 * masked_mean(value_loss_per_step, valid)
+    value_loss = 0.5 * masked_mean(value_loss_per_step, valid, n_valid)
 
     return PPOLosses(
         policy=policy_loss,
         value=value_loss,
-        entropy=masked_mean(entropy, valid),
+        entropy=masked_mean(entropy, valid, n_valid),
         approx_kl=approx_kl,
         clip_fraction=clip_fraction,
     )
