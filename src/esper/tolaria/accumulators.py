@@ -67,11 +67,9 @@ class EnvAccumulator:
     no_grad: Tensor
     #: The seed-only pass of the seeds in TRAINING (None: no slot has one).
     incubation: IncubationPass | None
-    #: The tensors this accumulator's sums are rows of, its row there, and where its
-    #: ``params_finite`` starts in theirs.
+    #: The tensors this accumulator's sums are rows of, and its row there.
     sums: DeviceSums
     row: int
-    params_start: int
     seen: int = 0
     #: Of ``seen``, the samples trained in a stacked group (``esper.tolaria.stacked``).
     seen_stacked: int = 0
@@ -112,7 +110,6 @@ def accumulators(envs: Sequence[GrowingHost]) -> list[EnvAccumulator]:
                 incubation=IncubationPass(envs[i].model, incubating) if incubating else None,
                 sums=sums,
                 row=row,
-                params_start=start,
             )
             start += count
     return [made[i] for i in range(len(envs))]
@@ -168,11 +165,8 @@ def epoch_figures(
             len(members), accs[members[0]].n_slots, device=own, dtype=torch.bool
         )
         for row, i in enumerate(members):
-            acc = accs[i]
-            for s, span in acc.seed_spans:
-                start = acc.params_start + span.start
-                stop = acc.params_start + span.stop
-                grads_finite[row, s] = sums.params_finite[start:stop].all()
+            for s, span in accs[i].seed_spans:
+                grads_finite[row, s] = accs[i].params_finite[span].all()
         figures = (
             sums.loss_sum / seen,
             sums.correct / seen,
