@@ -14,7 +14,8 @@
 #           interpreter lock that the worker threads share costs a 16-core CPU what
 #           processes would save)
 # ESPER_CPU_ENVS (default 4) and ESPER_CPU_ROUNDS (default 3: about 3 minutes there) size
-# the run; PYTHON names the interpreter (default python3); DEVICE_PYTHON_VERSION the
+# the run, ESPER_SIDE_TIMEOUT (default 480 s) bounds the side-by-side, ESPER_CPU_WORKERS=0
+# leaves out workers.py; PYTHON names the interpreter (default python3); DEVICE_PYTHON_VERSION the
 # Python the wheels are for (default 3.12, the machine's). Esper runs from src/ with the
 # machine's torch, esper-lite from .peer/src with the same.
 # The same comparison on the GPU (issue 35's 3x esper-lite per update, 16 envs):
@@ -68,13 +69,13 @@ run() {
   "$python" -c "import os, torch; print(f'{os.cpu_count()} CPUs, torch {torch.__version__}, \
 {torch.get_num_threads()} intra-op threads')" | tee "$out/${device}_side_by_side.txt"
   echo "Esper run as: $wrap/esper fit ...$engine" | tee -a "$out/${device}_side_by_side.txt"
-  if [ "$device" = cpu ]; then
+  if [ "$device" = cpu ] && [ "${ESPER_CPU_WORKERS:-1}" != 0 ]; then
     # Threads or processes on this CPU (the interpreter lock's cost at 4 workers, each op
     # on one core): benchmarks/workers.py, before the comparison, alone on the machine.
     PYTHONPATH=$root/src:$site timeout 90 "$python" benchmarks/workers.py --n-envs 4 \
       --workers 4 --updates 1 --repeats 2 2>&1 | grep -v "available:" | tee "$out/cpu_workers.txt"
   fi
-  ESPER="$wrap/esper" PEER_VENV="$wrap/peer" timeout 480 bash .peer/side_by_side.sh \
+  ESPER="$wrap/esper" PEER_VENV="$wrap/peer" timeout "${ESPER_SIDE_TIMEOUT:-480}" bash .peer/side_by_side.sh \
     --envs "${ESPER_CPU_ENVS:-4}" --rounds "${ESPER_CPU_ROUNDS:-3}" --device "$device" 2>&1 \
     | tee -a "$out/${device}_side_by_side.txt"
 }
