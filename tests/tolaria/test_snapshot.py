@@ -9,6 +9,7 @@ from esper.kasmina import CNNHost, GrowingHost
 from esper.kasmina.lifecycle import GateSignals
 from esper.tolaria.epoch import run_epoch
 from esper.tolaria.snapshot import HostSnapshot
+from tests.ops import OpCounter
 from tests.tolaria.loaders import image_loaders
 
 PASS = GateSignals(grads_finite=True, contribution=1.0)
@@ -102,3 +103,45 @@ def test_a_snapshot_survives_training_after_restore_and_can_be_restored_twice() 
     snap.restore(env)
     _assert_same(before, _state(env))
     assert snap.epoch == 1
+
+
+def _tensors(env: GrowingHost) -> list[torch.Tensor]:
+    states = [
+        value
+        for opt in (env.host_optimizer, *env.seed_optimizers.values())
+        for state in opt.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor)
+    ]
+    return [*env.model.parameters(), *env.model.buffers(), *states]
+
+
+def test_a_snapshot_copies_its_tensors_in_a_few_multi_tensor_copies() -> None:
+    """A clone a tensor was a kernel launch each, dozens an env and snapshot; the copies
+    are the snapshot's own and parameters stay parameters, frozen ones frozen."""
+    env = _trained_env()
+    env.model.host_parameters()[0].requires_grad_(False)
+    tensors = _tensors(env)
+    empty = sum(t.numel() == 0 for t in tensors)  # nothing to copy: deepcopy's own way
+    with OpCounter() as counted:
+        snap = HostSnapshot.take(env, epoch=1)
+    assert counted.ops["clone"] == 0
+    assert counted.ops["copy_"] <= empty
+    assert counted.ops["_foreach_copy_"] <= 2  # float32 and int64, as the tensors are
+    originals = {t.untyped_storage().data_ptr() for t in tensors if t.numel()}
+    for original, copy in zip(env.model.parameters(), snap.model.parameters(), strict=True):
+        assert type(copy) is type(original) and copy.requires_grad == original.requires_grad
+        assert copy.untyped_storage().data_ptr() not in originals
+        assert torch.equal(copy, original)
+
+
+def test_a_view_of_another_buffer_stays_a_view_of_its_copy() -> None:
+    """Tensors that share storage are left to deepcopy, which keeps the tie."""
+    env = _trained_env()
+    norm = env.model.stages[0].norms()[0]
+    norm.register_buffer("first_means", norm.running_mean[:2])
+    snap = HostSnapshot.take(env, epoch=1)
+    copied = snap.model.stages[0].norms()[0]
+    assert copied.running_mean.data_ptr() != norm.running_mean.data_ptr()
+    assert copied.first_means.data_ptr() == copied.running_mean.data_ptr()
+    assert torch.equal(copied.first_means, norm.first_means)
