@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from esper.contracts.config_errors import ConfigError
 from esper.mdp.env_config import EnvConfig
@@ -42,3 +43,27 @@ def test_a_bad_setting_is_refused_naming_the_field(field: str, value: object, me
 def test_the_env_config_names_its_own_field_for_the_same_checks() -> None:
     with pytest.raises(ConfigError, match=r"EnvConfig\.cpu_workers"):
         EnvConfig(cpu_workers=0)
+
+
+CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize(
+    ("settings", "devices", "stacks"),
+    [
+        ({}, [GPU, GPU], True),  # auto: stacked where every host is on a GPU
+        ({}, [CPU, CPU], False),  # per_env's worker threads win on a CPU
+        ({}, [GPU, CPU], False),
+        ({"amp": "fp16"}, [GPU], False),  # per-env GradScalers: per_env
+        ({"compile": True}, [GPU], False),
+        ({"amp": "bf16"}, [GPU], True),
+        ({"engine": "per_env"}, [GPU], False),
+        ({"engine": "stacked"}, [CPU], True),
+    ],
+)
+def test_the_engine_is_stacked_on_gpus_unless_set(
+    settings: dict[str, object], devices: list[torch.device], stacks: bool
+) -> None:
+    training = HostTraining(**settings)  # type: ignore[arg-type]
+    assert training.stacks(devices) is stacks
+    assert EnvConfig(**settings).host_training.stacks(devices) is stacks  # type: ignore[arg-type]

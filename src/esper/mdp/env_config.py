@@ -68,8 +68,9 @@ class EnvConfig:
     cpu_workers: int | None = None
     #: How hosts train: "per_env" (each on its own) or "stacked" (envs whose hosts share
     #: an architecture, seeds agreeing where two have one, as one network mapped over them:
-    #: ``esper.tolaria.stacked``). Results agree up to float rounding.
-    engine: str = "per_env"
+    #: ``esper.tolaria.stacked``). Results agree up to float rounding. "auto": stacked
+    #: where every host is on a GPU, per_env elsewhere (``ENGINE_CHOICES``).
+    engine: str = "auto"
 
     def __post_init__(self) -> None:
         with owned_by(self):

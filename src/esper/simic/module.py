@@ -95,9 +95,11 @@ class PPOModule(LightningModule):
         amp: mixed precision for host training: ``off`` (default), ``bf16`` or ``fp16``.
         devices: place this rank's hosts round-robin over these devices (one process,
             several GPUs); each env trains on its own CUDA stream. None: the module's.
-        engine: how hosts train: ``per_env`` (default) or ``stacked``: envs whose hosts
-            share an architecture (and whose seeds agree where two have one in a slot)
-            train as one network mapped over them, in fewer kernel launches (not with ``compile`` or ``amp=fp16``).
+        engine: how hosts train: ``per_env`` or ``stacked``: envs whose hosts share an
+            architecture (and whose seeds agree where two have one in a slot) train as one
+            network mapped over them, in fewer kernel launches (not with ``compile`` or
+            ``amp=fp16``); ``auto`` (default): stacked where every host is on a GPU,
+            per_env elsewhere.
     """
 
     def __init__(
@@ -120,7 +122,7 @@ class PPOModule(LightningModule):
         compile: bool = False,
         amp: str = "off",
         devices: list[str] | None = None,
-        engine: str = "per_env",
+        engine: str = "auto",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()

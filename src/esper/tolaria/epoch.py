@@ -160,7 +160,7 @@ def run_epoch(
         compiled=compile,
     )
     workers = resolve_workers(training.cpu_workers, len(envs))
-    stacked = training.engine == "stacked"
+    stacked = training.stacks(env.device for env in envs)
     cpu_only = all(e.device.type == "cpu" for e in envs)
     if workers > 1 and not stacked and not compile and amp != "fp16" and cpu_only:
         train, (val_loss, val_acc, cf_acc) = _train_and_validate_in_workers(

@@ -7,6 +7,7 @@ checks what depends on the envs it is given (a paired group must divide them).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -33,10 +34,17 @@ OOM_POLICIES: tuple[str, ...] = ("raise", "skip_env_epoch")
 #: How ``run_epoch`` trains the envs' hosts: each on its own ("per_env"), or envs whose
 #: hosts share an architecture as one stacked network (``esper.tolaria.stacked``).
 ENGINES: tuple[str, ...] = ("per_env", "stacked")
+#: What the ``engine`` setting takes: an engine, or "auto": "stacked" where every env's
+#: host is on a GPU (and neither ``compile`` nor ``amp="fp16"`` asks for per-env steps),
+#: else "per_env". Why, measured on an H100 (torch 2.11, ``benchmarks/gpu.py``, fresh
+#: hosts): stacked trained 1.4x (4 envs) to 7.8x (16 envs) the host steps a second of
+#: per_env on the predecessor's host, 3.0x to 6.6x on the GPU-sized one; on a CPU the
+#: per-env engine's worker threads win (benchmarks/README.md).
+ENGINE_CHOICES: tuple[str, ...] = ("auto", *ENGINES)
 
 
 def check_host_training(
-    on_oom: object, compile: object, amp: object, cpu_workers: object, engine: object = "per_env"
+    on_oom: object, compile: object, amp: object, cpu_workers: object, engine: object = "auto"
 ) -> None:
     """The checks of the user-set fields, for whichever config holds them."""
     require_choice("on_oom", on_oom, OOM_POLICIES)
@@ -44,7 +52,7 @@ def check_host_training(
     require_choice("amp", amp, AMP_DTYPES)
     if cpu_workers is not None:
         require_int("cpu_workers", cpu_workers, 1, hint="or null for every core")
-    require_choice("engine", engine, ENGINES)
+    require_choice("engine", engine, ENGINE_CHOICES)
     if engine == "stacked" and (compile or amp == "fp16"):
         setting = "compile=true" if compile else "amp=fp16"
         raise ConfigError(
@@ -83,7 +91,8 @@ class HostTraining:
             whose seeds agree where two have one in a slot, as one network mapped over
             the envs (``esper.tolaria.stacked``: fewer kernel launches, equal results up
             to float rounding), the rest on their own. Not with ``compile`` or
-            ``amp="fp16"``.
+            ``amp="fp16"``. ``"auto"`` (default): stacked where every host is on a GPU
+            and neither of those is set, per_env elsewhere (:data:`ENGINE_CHOICES`).
     """
 
     on_oom: str = "raise"
@@ -91,13 +100,20 @@ class HostTraining:
     amp: str = "off"
     paired_group: int | None = None
     cpu_workers: int | None = None
-    engine: str = "per_env"
+    engine: str = "auto"
 
     def __post_init__(self) -> None:
         with owned_by(self):
             check_host_training(self.on_oom, self.compile, self.amp, self.cpu_workers, self.engine)
             if self.paired_group is not None:
                 require_int("paired_group", self.paired_group, 1)
+
+    def stacks(self, devices: Iterable[torch.device]) -> bool:
+        """Whether hosts on ``devices`` train on the stacked engine (``engine`` resolved)."""
+        if self.engine != "auto":
+            return self.engine == "stacked"
+        on_gpus = all(device.type == "cuda" for device in devices)
+        return on_gpus and not self.compile and self.amp != "fp16"
 
     @property
     def amp_dtype(self) -> torch.dtype | None:
