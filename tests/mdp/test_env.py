@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from esper.contracts import BlendMode, LifecycleOp, SeedStage
 from esper.mdp.env_config import EnvConfig
@@ -35,6 +36,30 @@ def test_germinate_plants_the_chosen_blueprint_with_the_chosen_blend() -> None:
     assert outcome.germinated.tolist() == [True, False]
     assert outcome.applied.tolist() == [True, False]
     assert env.seed_params()[0] > 0 and env.seed_params()[1] == 0
+
+
+def test_a_germination_draws_its_seed_per_key_and_reseeds_no_gpu_generator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seeds are built on the CPU; torch.manual_seed also reseeded every GPU generator,
+    which fork_rng(devices=[]) did not restore (and formatted a stack trace a call)."""
+    drawn = []
+    for _ in range(2):
+        env = _ready()
+        reseeded: list[int] = []
+        monkeypatch.setattr(torch.cuda, "manual_seed_all", reseeded.append)
+        bp = env.blueprint_names.index("widen")
+        actions = np.array([[LifecycleOp.GERMINATE, 1, bp, 0], [LifecycleOp.WAIT, 0, 0, 0]])
+        before = torch.get_rng_state()
+        env.apply(actions, _metrics(env))
+        assert torch.equal(torch.get_rng_state(), before)  # the global stream untouched
+        assert reseeded == []
+        monkeypatch.undo()
+        drawn.append(
+            [p.clone() for p in env.hosts[0].model.slot(env.slot_ids[1]).seed.parameters()]
+        )
+    for a, b in zip(*drawn, strict=True):
+        assert torch.equal(a, b)
 
 
 def test_an_op_the_mask_forbids_is_flagged_illegal_and_changes_nothing() -> None:

@@ -99,8 +99,8 @@ def build_architecture(
         if seed_keys is None:
             _build(model, slot.slot_id, seed)
             continue
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed_keys[s])
+        with torch.random.fork_rng(devices=[]):  # built on the CPU: its generator alone
+            torch.default_generator.manual_seed(seed_keys[s])
             _build(model, slot.slot_id, seed)
 
 

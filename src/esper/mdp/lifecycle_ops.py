@@ -148,8 +148,13 @@ class OpApplier:
         before = slot.stage
         if op == LifecycleOp.GERMINATE:
             name = self.blueprint_names[bp]
+            # Seeds are built on the CPU and then moved: seeding the CPU's generator alone
+            # keeps the draws per key, and leaves a GPU's generators (which
+            # ``torch.manual_seed`` would reseed, and ``fork_rng`` would not restore) alone.
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed_key(step.episode_seed, e, step.host_epoch, s))
+                torch.default_generator.manual_seed(
+                    seed_key(step.episode_seed, e, step.host_epoch, s)
+                )
                 host.germinate(slot_id, name, BlendMode(self.blend_modes[blend]))
             out["germinated"][e] = out["applied"][e] = True
             self._event(step, "germinated", e, host, slot_id, before, blueprint=name)
