@@ -187,12 +187,8 @@ def main() -> None:
         for n_envs in args.n_envs:
             for engine in args.engines:
                 rows.append(measure(host, n_envs, engine, args, device))
-                row = rows[-1]
-                print(
-                    f"  {host:<12} {n_envs:>3} envs {engine:<8} done: "
-                    f"{row['steps_per_s']:.0f} steps/s",
-                    flush=True,
-                )
+                # Each row whole as it ends: a device call cut short keeps what it measured.
+                print(f"  done: {table_row(rows[-1])}", flush=True)
     print()
     print(
         "| host | envs | engine | host steps/s | ms / host step | device busy "
@@ -200,12 +196,16 @@ def main() -> None:
     )
     print("|---|---:|---|---:|---:|---:|---:|")
     for row in rows:
-        busy = "n/a" if row["busy"] is None else f"{row['busy']:.1%}"
-        ops = "n/a" if row["device_ops"] is None else f"{row['device_ops']:.1f}"
-        print(
-            f"| {row['host']} | {row['n_envs']} | {row['engine']} | {row['steps_per_s']:.0f} | "
-            f"{row['ms_per_step']:.2f} | {busy} | {ops} |"
-        )
+        print(table_row(row))
+
+
+def table_row(row: dict[str, Any]) -> str:
+    busy = "n/a" if row["busy"] is None else f"{row['busy']:.1%}"
+    ops = "n/a" if row["device_ops"] is None else f"{row['device_ops']:.1f}"
+    return (
+        f"| {row['host']} | {row['n_envs']} | {row['engine']} | {row['steps_per_s']:.0f} | "
+        f"{row['ms_per_step']:.2f} | {busy} | {ops} |"
+    )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,11 @@ def test_on_a_cpu_it_prints_steps_per_second_per_engine_and_no_busy_share(
     argv += ["--train-images", "32", "--hosts", "predecessor"]
     monkeypatch.setattr(sys, "argv", argv)
     gpu.main()
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| pred")]
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line for line in lines if line.startswith("| pred")]
     assert [row.split("|")[3].strip() for row in rows] == ["per_env", "stacked"], rows
+    # Each row is also printed whole as it ends (a cut-short device call keeps it).
+    assert [line for line in lines if line.startswith("  done: ")] == [f"  done: {r}" for r in rows]
     for row in rows:
         assert row.endswith("| n/a | n/a |"), row  # no busy share, no device events
         assert float(row.split("|")[4]) > 0  # host steps/s
