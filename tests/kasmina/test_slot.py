@@ -29,6 +29,7 @@ from tests.kasmina.factories import (
     make_host,
     train_backward,
 )
+from tests.ops import OpCounter
 
 ALL_CASES = fitting_cases(all_slots=True)
 FIRST_SLOT_CASES = fitting_cases(all_slots=False)
@@ -378,11 +379,12 @@ def test_counterfactual_forks_append_one_replica_per_seed_with_that_seed_off(kin
     x, _ = make_batch(host)
 
     def with_alphas(a: float, b: float) -> torch.Tensor:
+        kept = first._alpha_t.clone(), second._alpha_t.clone()
         first._alpha_t.fill_(a)
         second._alpha_t.fill_(b)
         out = host(x)
-        first._sync_alpha()
-        second._sync_alpha()
+        first._alpha_t.copy_(kept[0])
+        second._alpha_t.copy_(kept[1])
         return out
 
     with torch.no_grad():
@@ -415,3 +417,29 @@ def test_slot_alpha_and_stage_mirror_its_lifecycle_and_show_in_repr() -> None:
     assert slot.alpha == slot.lifecycle.alpha == 1.0
     text = repr(slot)
     assert "id=stage1" in text and "stage=BLENDING" in text and "blueprint=norm" in text
+
+
+def test_a_lifecycle_op_writes_the_alpha_buffer_only_when_alpha_moves() -> None:
+    """A fill a slot an env an epoch was a kernel launch on a GPU, nearly always of the
+    value already there (an empty slot's 0); the buffer still follows every move."""
+    ramp = LifecycleConfig(min_training_epochs=0, blend_epochs=4, min_holding_epochs=0)
+    host = make_host("cnn", lifecycle=ramp)
+    slot = host.slot(host.slot_ids[0])
+    with OpCounter() as idle:
+        slot.end_epoch()  # DORMANT: alpha stays 0
+    assert idle.ops["fill_"] == 0
+    slot.germinate("mlp", BlendMode.LINEAR)
+    _walk_to(slot, SeedStage.BLENDING)
+    alphas = [(slot.alpha, float(slot.alpha_tensor))]
+    for _ in range(10):  # it blends in over 4 epochs
+        if slot.stage is not SeedStage.BLENDING:
+            break
+        slot.end_epoch()
+        slot.advance(POSITIVE)
+        alphas.append((slot.alpha, float(slot.alpha_tensor)))
+    assert slot.stage is SeedStage.HOLDING and len({a for a, _ in alphas}) > 2  # it ramped
+    assert all(buffer == alpha for alpha, buffer in alphas)
+    assert alphas[-1][0] == 1.0
+    copied = copy.deepcopy(slot)  # the buffer and the value last written go together
+    copied.prune()
+    assert float(copied.alpha_tensor) == 0.0 and float(slot.alpha_tensor) == 1.0

@@ -90,6 +90,10 @@ class SeedSlot(nn.Module):
         # Alpha as a device scalar, refreshed by every lifecycle op: forward multiplies by a
         # tensor, so a compiled forward does not recompile each time the ramp moves.
         self.register_buffer("_alpha_t", torch.zeros(()), persistent=False)
+        #: The value last written into ``_alpha_t`` (copied with it by deepcopy and pickle;
+        #: a state dict holds neither): a lifecycle op whose alpha did not move writes
+        #: nothing, where a fill was a kernel launch on a GPU (a slot an env an epoch).
+        self._alpha_written = 0.0
         # What the incubation pass multiplies a TRAINING seed's output by where
         # ``scale_incubation`` asks: always 1 here; the stacked engine runs it as 0 for the
         # members of a group that do not have the seed (``esper.tolaria.stacked``).
@@ -236,7 +240,10 @@ class SeedSlot(nn.Module):
         return entered
 
     def _sync_alpha(self) -> None:
-        self._alpha_t.fill_(self.alpha)  # a host-to-device fill, never a read
+        alpha = self.alpha
+        if alpha != self._alpha_written:
+            self._alpha_t.fill_(alpha)  # a host-to-device fill, never a read
+            self._alpha_written = alpha
 
     # --------------------------------------------------------------- forward
     def forward(
