@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 35's device checks in ONE call of the `device` tool, for a session whose 15 minutes
 # of device time must hold the machine's start too (a minute or two). Parts, each under
-# its own timeout, run in the order ESPER_DEVICE_PARTS names them (default: all, in this
-# order; about 10 minutes at the timeouts, so name fewer where a start took long):
+# its own timeout, run in the order ESPER_DEVICE_PARTS names them. All six take up to
+# 780 s, more than one call's 600: the default, "tests profile ppo cuda_side", takes up to
+# 490 s, which with a start leaves room for a second call of "cpu_side" or "gpu".
 #   tests      the CUDA tests (stacked against per-env, streams, AMP, reads, the fused
 #              replay, the auto engine in rollouts)                              90 s
 #   profile    benchmarks/update_profile.py on CUDA, 16 envs, 2 updates: where an
@@ -10,11 +11,12 @@
 #   ppo        benchmarks/ppo_update.py on CUDA, 16 envs, 8-epoch episodes         60 s
 #   gpu        benchmarks/gpu.py, predecessor's host at 4 and 16 envs, both engines,
 #              with busy shares (lost to a timeout at 78e9838), then grown hosts   120 s
-#   cuda_side  side_by_side.sh on CUDA, 16 envs, Esper's default engine, 2 rounds  200 s
+#   cuda_side  side_by_side.sh on CUDA, 16 envs, Esper's default engine, 2 rounds  220 s
 #   cpu_side   side_by_side.sh on the 16-core CPU, 4 envs, 3 rounds               170 s
 # Here first: bash benchmarks/cpu_session.sh prepare  (wheels and esper-lite, ignored by git)
-# There:      run(command="ESPER_DEVICE_PARTS='tests profile ppo' bash benchmarks/device_session.sh",
-#                 carry=[".whl", ".peer"], timeout_s=...)   (.whl/.peer: the *_side parts)
+# There:      run(command="bash benchmarks/device_session.sh", carry=[".whl", ".peer"],
+#                 timeout_s=540)   (.whl/.peer: the *_side parts; ESPER_DEVICE_PARTS=...
+#                 in front of the command picks others)
 # Every figure lands in $OUT (machine.txt and one file a part). ESPER_GPU_DEVICE=cpu runs
 # the parts that take a device on a CPU, to try the script.
 set -u -o pipefail
@@ -48,7 +50,7 @@ part() {
       timeout 40 "$py" benchmarks/gpu.py --device "$device" --hosts predecessor --n-envs 16 \
         --epochs 1 --grown 2>&1 | tee "$out/gpu_bench_grown.txt" ;;
     cuda_side)
-      ESPER_SIDE_DEVICE=cuda ESPER_CPU_ENVS=16 ESPER_CPU_ROUNDS=2 ESPER_SIDE_TIMEOUT=200 \
+      ESPER_SIDE_DEVICE=cuda ESPER_CPU_ENVS=16 ESPER_CPU_ROUNDS=2 ESPER_SIDE_TIMEOUT=220 \
         bash benchmarks/cpu_session.sh run ;;
     cpu_side)
       ESPER_CPU_WORKERS=0 ESPER_CPU_ROUNDS=3 ESPER_SIDE_TIMEOUT=170 \
@@ -57,7 +59,7 @@ part() {
   esac
 }
 
-for name in ${ESPER_DEVICE_PARTS:-tests profile ppo gpu cuda_side cpu_side}; do
+for name in ${ESPER_DEVICE_PARTS:-tests profile ppo cuda_side}; do
   case $name in *_side) [ "$device" = cuda ] || continue ;; esac
   echo "== $name"
   part "$name"
