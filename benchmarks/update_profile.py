@@ -1,24 +1,31 @@
-"""Where a fit's PPO update spends its seconds: ``esper fit`` under cProfile, by phase.
+"""Where a fit's PPO update spends its seconds: ``esper fit`` timed by phase.
 
 Why: on an H100 (issue 35, benchmarks/README.md) Esper took 3.2 s an update at 16 envs on
 side_by_side's work, where ``benchmarks/gpu.py`` says its host training is a fraction of
 that; the rest had no measurement. This runs that work (``side_by_side.sh``'s Esper
 command: esper-lite's ``cifar_baseline`` host, random 3x32x32 images, 1 000 / 200, 16
-images per env step, 8-epoch episodes) in this process: first an unprofiled fit of one
-update (imports, CUDA's start, first kernels), then a profiled fit of ``--updates``. It
-prints that fit's seconds per update, each phase's seconds per update (the cumulative
-time of the functions in :data:`PHASES`; nested phases are indented and counted in their
-parents) and the functions with the most time of their own.
+images per env step, 8-epoch episodes; the arguments after ``--`` are added last, so they
+win) in this process, after an untimed fit of one update (imports, CUDA's start, first
+kernels):
+
+1. ``--repeats`` pairs of fits of 1 and ``--updates`` updates, interleaved: seconds per
+   update = (wall of the longer - wall of the shorter) / (updates - 1), their median;
+2. one more fit of ``--updates`` with the functions of :data:`PHASES` wrapped in timers
+   (a clock read on entry and exit: about a microsecond a call): each phase's seconds per
+   update, nested phases indented and counted in their parents;
+3. with ``--top N``, one more under cProfile: the N functions with the most time of their
+   own (cProfile's cost inflates Python-heavy code; its figures rank, they do not time).
 
 On CUDA the host waits for the device at the step's one read (``read_packed``) and a few
 others (the PPO update's early-stop read, checkpoints): time there is the GPU's work not
-yet done, time elsewhere is the CPU's (launches and Python). cProfile's own cost inflates
-Python-heavy phases; compare phases, not totals, with an unprofiled run. It sees the main
-thread only: on a CPU the per-env engine trains and validates in worker threads, which
-show as ``run_epoch`` waiting for them.
+yet done, time elsewhere the CPU's (launches and Python). Phases are timed on the main
+thread: on a CPU the per-env engine trains and validates in worker threads, which shows
+as ``run_epoch`` waiting for them. With images so small that compute is near nothing
+(``-- --model.engine stacked --data.input_shape '[3,4,4]'``) a CPU measures the
+host-side cost a GPU run pays (benchmarks/README.md).
 
 Usage: ``python benchmarks/update_profile.py [--device cuda] [--n-envs 16] [--updates 3]
-[--top 15] [-- MORE FIT ARGUMENTS]`` (a CPU runs it with ``--device cpu``).
+[--repeats 2] [--top 0] [-- MORE FIT ARGUMENTS]``
 """
 
 from __future__ import annotations
@@ -26,35 +33,37 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import importlib
 import io
 import pstats
+import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from esper import cli
 
-#: Phases of an update: label -> (a path ending of the file, the function's name).
-PHASES: dict[str, tuple[str, str]] = {
-    "update (training_step)": ("esper/simic/module.py", "training_step"),
-    "  rollout": ("esper/mdp/rollout.py", "collect"),
-    "    host epochs (run_epoch)": ("esper/tolaria/epoch.py", "run_epoch"),
-    "      stacked steps": ("esper/tolaria/stacked.py", "step"),
-    "      stacked validation": ("esper/tolaria/stacked_validation.py", "validate_stacked"),
-    "      per-env validation": (
-        "esper/tolaria/counterfactual.py",
-        "validate_with_counterfactuals",
-    ),
-    "    observe": ("esper/mdp/env.py", "observe"),
-    "    policy act": ("esper/tamiyo/policy.py", "act"),
-    "    the step's read (waits for the device)": ("esper/mdp/step_read.py", "read_packed"),
-    "    governor": ("esper/mdp/governor.py", "steer"),
-    "    lifecycle (apply)": ("esper/mdp/env.py", "apply"),
-    "    buffer add": ("esper/simic/buffer.py", "add"),
-    "    pricing (close)": ("esper/mdp/rollout.py", "_close"),
-    "  PPO update": ("esper/simic/ppo.py", "ppo_update"),
-    "checkpoint save": ("esper/callbacks/checkpoint.py", "save_checkpoint"),
+#: Phases of an update: label -> where the function is looked up when it is called
+#: ("module:Class.method" or "module:function", the module that calls a function by a
+#: name it imported). Indentation nests a phase in the one above it.
+PHASES: dict[str, str] = {
+    "update (one PPO update)": "esper.simic.module:PPOModule._train_one_update",
+    "  rollout": "esper.mdp.rollout:RolloutCollector.collect",
+    "    host epochs (run_epoch)": "esper.mdp.env:run_epoch",
+    "      stacked steps": "esper.tolaria.stacked:StackedGroup.step",
+    "      stacked validation": "esper.tolaria.epoch:validate_stacked",
+    "      per-env validation": "esper.tolaria.epoch:validate_with_counterfactuals",
+    "    observe": "esper.mdp.env:MorphogeneticVecEnv.observe",
+    "    policy act": "esper.tamiyo.policy:PolicyNetwork.act",
+    "    the step's read (waits for the device)": "esper.mdp.step_read:read_packed",
+    "    governor": "esper.mdp.governor:Steering.steer",
+    "    lifecycle (apply)": "esper.mdp.env:MorphogeneticVecEnv.apply",
+    "    buffer add": "esper.simic.buffer:RolloutBuffer.add",
+    "    pricing (close)": "esper.mdp.rollout:RolloutCollector._close",
+    "  PPO update": "esper.simic.module:ppo_update",
+    "checkpoint save": "esper.callbacks.checkpoint:EsperCheckpointIO.save_checkpoint",
 }
 
 
@@ -90,14 +99,40 @@ def run_fit(arguments: Sequence[str]) -> None:
         sys.argv = argv
 
 
-def phase_seconds(stats: pstats.Stats) -> dict[str, float]:
-    """Each phase's cumulative seconds (0 where the function never ran)."""
-    found = dict.fromkeys(PHASES, 0.0)
-    for (path, _, name), row in stats.stats.items():  # type: ignore[attr-defined]
-        for label, (ending, function) in PHASES.items():
-            if name == function and path.endswith(ending):
-                found[label] += row[3]  # cumulative time
-    return found
+def _owner_and_name(where: str) -> tuple[Any, str]:
+    module_name, path = where.split(":")
+    owner: Any = importlib.import_module(module_name)
+    *classes, name = path.split(".")
+    for class_name in classes:
+        owner = getattr(owner, class_name)
+    return owner, name
+
+
+@contextlib.contextmanager
+def timed_phases(seconds: dict[str, float]) -> Iterator[None]:
+    """Within the block, each phase's function adds its wall to ``seconds[label]``."""
+    patched: list[tuple[Any, str, Any]] = []
+
+    def timer(label: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            tick = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                seconds[label] += time.perf_counter() - tick
+
+        return timed
+
+    try:
+        for label, where in PHASES.items():
+            owner, name = _owner_and_name(where)
+            function = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+            patched.append((owner, name, function))
+            setattr(owner, name, timer(label, function))
+        yield
+    finally:
+        for owner, name, function in reversed(patched):
+            setattr(owner, name, function)
 
 
 def own_time(stats: pstats.Stats, top: int) -> list[tuple[float, str]]:
@@ -118,29 +153,44 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--n-envs", type=int, default=16)
     parser.add_argument("--updates", type=int, default=3)
-    parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=2, help="timed pairs of fits")
+    parser.add_argument("--top", type=int, default=0, help="cProfile's top functions")
     args = parser.parse_args(ours)
-    if args.updates < 1:
-        parser.error("--updates must be >= 1")
-    with tempfile.TemporaryDirectory() as root:
-        run_fit([*fit_arguments(args.n_envs, 1, args.device, f"{root}/warm"), *extra])
-        profile = cProfile.Profile()
+    if args.updates < 2:
+        parser.error("--updates must be >= 2 (an update's time is a difference of fits)")
+
+    def fit(updates: int, root: str) -> float:
         tick = time.perf_counter()
-        profile.enable()
-        run_fit([*fit_arguments(args.n_envs, args.updates, args.device, root), *extra])
-        profile.disable()
-        wall = time.perf_counter() - tick
-    stats = pstats.Stats(profile)
+        run_fit([*fit_arguments(args.n_envs, updates, args.device, root), *extra])
+        return time.perf_counter() - tick
+
+    with tempfile.TemporaryDirectory() as root:
+        fit(1, f"{root}/warm")
+        per_update = [
+            (fit(args.updates, f"{root}/long{r}") - fit(1, f"{root}/short{r}")) / (args.updates - 1)
+            for r in range(args.repeats)
+        ]
+        seconds = dict.fromkeys(PHASES, 0.0)
+        with timed_phases(seconds):
+            fit(args.updates, f"{root}/timed")
+        if args.top:
+            profile = cProfile.Profile()
+            profile.enable()
+            fit(args.updates, f"{root}/profiled")
+            profile.disable()
     print(
-        f"\n{args.n_envs} envs on {args.device}, {args.updates} profiled update(s): "
-        f"{wall:.2f} s in all (the fit's setup and end included)"
+        f"\n{args.n_envs} envs on {args.device}: {statistics.median(per_update):.3f} s an "
+        f"update (median of {args.repeats}: "
+        + ", ".join(f"{s:.3f}" for s in per_update)
+        + f"); phases of a fit of {args.updates}:"
     )
     print(f"{'phase':<48} {'s / update':>10}")
-    for label, seconds in phase_seconds(stats).items():
-        print(f"{label:<48} {seconds / args.updates:10.3f}")
-    print("\nmost time of their own (s / update):")
-    for seconds, where in own_time(stats, args.top):
-        print(f"{seconds / args.updates:8.3f}  {where}")
+    for label, total in seconds.items():
+        print(f"{label:<48} {total / args.updates:10.3f}")
+    if args.top:
+        print("\nmost time of their own under cProfile (s / update):")
+        for own, where in own_time(pstats.Stats(profile), args.top):
+            print(f"{own / args.updates:8.3f}  {where}")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
-"""``benchmarks/update_profile.py``: a fit's update by phase, from a profile of that fit."""
+"""``benchmarks/update_profile.py``: a fit's update in seconds, and by phase."""
 
 from __future__ import annotations
 
 import sys
-from types import SimpleNamespace
+import time
 
 import pytest
 
@@ -15,7 +15,7 @@ update_profile = load_benchmark("update_profile")
 SMALL = ["--data.n_train", "64", "--data.n_val", "32", "--model.episode_epochs", "2"]
 
 
-def test_it_profiles_the_second_fit_and_prints_nested_phases_per_update(
+def test_it_times_updates_and_phases_in_fits_of_the_side_by_side_work(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path
 ) -> None:
     fits: list[list[str]] = []
@@ -27,40 +27,49 @@ def test_it_profiles_the_second_fit_and_prints_nested_phases_per_update(
 
     monkeypatch.setattr(update_profile, "run_fit", remembering)
     monkeypatch.chdir(tmp_path)
-    argv = ["update_profile.py", "--n-envs", "2", "--updates", "2", "--top", "3", "--", *SMALL]
+    argv = ["update_profile.py", "--n-envs", "2", "--updates", "2", "--repeats", "1"]
+    argv += ["--top", "3", "--", *SMALL]
     monkeypatch.setattr(sys, "argv", argv)
     update_profile.main()
     assert sys.argv == argv  # handed back after each fit
-    # An unprofiled fit of one update, then the profiled one of --updates, both on the
-    # side-by-side work with the arguments after -- last (so they win).
-    assert [f[f.index("--trainer.max_epochs") + 1] for f in fits] == ["1", "2"]
+    # An untimed warm-up, a timed pair (2 updates, then 1), the phases' fit and the
+    # profiled one, all on the side-by-side work with the arguments after -- last.
+    assert [f[f.index("--trainer.max_epochs") + 1] for f in fits] == ["1", "2", "1", "2", "2"]
     assert all(f[-len(SMALL) :] == SMALL for f in fits)
     out = capsys.readouterr().out
+    assert "2 envs on cpu: " in out and "s an update (median of 1: " in out
     seconds = {
         line[:48].strip(): float(line[48:])
         for line in out.splitlines()
         if line[:48].strip() in {phase.strip() for phase in update_profile.PHASES}
     }
-    assert (
-        seconds["update (training_step)"]
-        >= seconds["rollout"]
-        >= seconds["host epochs (run_epoch)"]
-        > 0
-    )
+    assert len(seconds) == len(update_profile.PHASES)
+    update, rollout = seconds["update (one PPO update)"], seconds["rollout"]
+    assert update >= rollout >= seconds["host epochs (run_epoch)"] > 0
     assert seconds["PPO update"] > 0 and seconds["policy act"] > 0
-    assert "2 envs on cpu, 2 profiled update(s)" in out
-    assert len(out.split("most time of their own (s / update):")[1].strip().splitlines()) == 3
+    assert len(out.split("(s / update):")[1].strip().splitlines()) == 3
+    # Every wrapped function is put back.
+    for where in update_profile.PHASES.values():
+        owner, name = update_profile._owner_and_name(where)
+        assert not getattr(owner, name).__qualname__.endswith("timed")
 
 
-def test_a_phase_counts_every_function_of_its_name_in_its_file() -> None:
-    stats = SimpleNamespace(
-        stats={
-            ("/x/src/esper/simic/ppo.py", 300, "ppo_update"): (1, 1, 0.5, 2.0, {}),
-            ("/y/esper/simic/ppo.py", 10, "ppo_update"): (1, 1, 0.1, 1.0, {}),  # a second copy
-            ("/x/src/esper/simic/other.py", 1, "ppo_update"): (1, 1, 9.0, 9.0, {}),
-        }
-    )
+def test_a_timed_phase_adds_its_wall_even_when_it_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Owner:
+        @staticmethod
+        def work(fail: bool) -> str:
+            time.sleep(0.01)
+            if fail:
+                raise ValueError("failed")
+            return "done"
 
-    found = update_profile.phase_seconds(stats)  # type: ignore[arg-type]
-    assert found["  PPO update"] == 3.0
-    assert found["checkpoint save"] == 0.0
+    monkeypatch.setattr(update_profile, "PHASES", {"work": "x:Owner.work"})
+    monkeypatch.setattr(update_profile, "_owner_and_name", lambda where: (Owner, "work"))
+    seconds = {"work": 0.0}
+    original = Owner.__dict__["work"]
+    with update_profile.timed_phases(seconds):
+        assert Owner.work(False) == "done"
+        with pytest.raises(ValueError, match="failed"):
+            Owner.work(True)
+    assert seconds["work"] >= 0.02
+    assert Owner.__dict__["work"] is original
