@@ -40,7 +40,7 @@ part() {
         tests/kasmina tests/tamiyo 2>&1 | tee "$out/gpu_tests.txt" ;;
     profile)
       timeout 120 "$py" benchmarks/update_profile.py --device "$device" --n-envs 16 \
-        --updates 2 2>&1 | tee "$out/update_profile.txt" ;;
+        --updates 2 --repeats 1 --top 15 2>&1 | tee "$out/update_profile.txt" ;;
     ppo)
       timeout 60 "$py" benchmarks/ppo_update.py --device "$device" --n-envs 16 \
         --episode-epochs 8 2>&1 | tee "$out/ppo_update.txt" ;;
