@@ -54,6 +54,7 @@ CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)
         ({}, [GPU, GPU], True),  # auto: stacked where every host is on a GPU
         ({}, [CPU, CPU], False),  # per_env's worker threads win on a CPU
         ({}, [GPU, CPU], False),
+        ({}, [], False),  # no hosts: nothing to stack
         ({"amp": "fp16"}, [GPU], False),  # per-env GradScalers: per_env
         ({"compile": True}, [GPU], False),
         ({"amp": "bf16"}, [GPU], True),

@@ -112,8 +112,8 @@ class HostTraining:
         """Whether hosts on ``devices`` train on the stacked engine (``engine`` resolved)."""
         if self.engine != "auto":
             return self.engine == "stacked"
-        on_gpus = all(device.type == "cuda" for device in devices)
-        return on_gpus and not self.compile and self.amp != "fp16"
+        types = {device.type for device in devices}
+        return types == {"cuda"} and not self.compile and self.amp != "fp16"
 
     @property
     def amp_dtype(self) -> torch.dtype | None:
