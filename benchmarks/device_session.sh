@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 35's device checks in ONE call of the `device` tool, for a session whose 15 minutes
 # of device time must hold the machine's start too (a minute or two). Parts, each under
-# its own timeout, run in the order ESPER_DEVICE_PARTS names them. All six take up to
-# 780 s, more than one call's 600: the default, "tests profile ppo cuda_side", takes up to
-# 490 s, which with a start leaves room for a second call of "cpu_side" or "gpu".
+# its own timeout, run in the order ESPER_DEVICE_PARTS names them. All seven take up to
+# 870 s, more than one call's 600: the default, "tests profile ppo cuda_side", takes up to
+# 490 s, which with a start leaves room for a second call of "cpu_side workers" or "gpu".
 #   tests      the CUDA tests (stacked against per-env, streams, AMP, reads, the fused
 #              replay, the auto engine in rollouts)                              90 s
 #   profile    benchmarks/update_profile.py on CUDA, 16 envs, 2 updates: where an
@@ -13,6 +13,9 @@
 #              with busy shares (lost to a timeout at 78e9838), then grown hosts   120 s
 #   cuda_side  side_by_side.sh on CUDA, 16 envs, Esper's default engine, 2 rounds  220 s
 #   cpu_side   side_by_side.sh on the 16-core CPU, 4 envs, 3 rounds               170 s
+#   workers    benchmarks/workers.py on that CPU, 4 envs in 4 threads and in 4
+#              processes: whether the interpreter lock costs 16 cores what
+#              processes would save (the lever left for the 16-core goal)         90 s
 # Here first: bash benchmarks/cpu_session.sh prepare  (wheels and esper-lite, ignored by git)
 # There:      run(command="bash benchmarks/device_session.sh", carry=[".whl", ".peer"],
 #                 timeout_s=540)   (.whl/.peer: the *_side parts; ESPER_DEVICE_PARTS=...
@@ -55,7 +58,10 @@ part() {
     cpu_side)
       ESPER_CPU_WORKERS=0 ESPER_CPU_ROUNDS=3 ESPER_SIDE_TIMEOUT=170 \
         bash benchmarks/cpu_session.sh run ;;
-    *) echo "unknown part $1 (tests profile ppo gpu cuda_side cpu_side)"; return 2 ;;
+    workers)
+      timeout 90 "$py" benchmarks/workers.py --n-envs 4 --workers 4 --updates 1 --repeats 2 \
+        2>&1 | tee "$out/cpu_workers.txt" ;;
+    *) echo "unknown part $1 (tests profile ppo gpu cuda_side cpu_side workers)"; return 2 ;;
   esac
 }
 
