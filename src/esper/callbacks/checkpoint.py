@@ -23,7 +23,6 @@ import pickle
 import re
 import signal
 import tempfile
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,6 +33,8 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from esper.sigint import python_handles_sigint
 
 #: The metric that decides which policy is "best".
 DEFAULT_MONITOR = "train/episode_return"
@@ -136,10 +137,7 @@ def _ctrl_c_after_the_write() -> Iterator[None]:
     run of the Ctrl-C test). Only where Python's own SIGINT handler is installed and in
     the main thread (where handlers run); a program's own handler is left alone.
     """
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
+    if not python_handles_sigint():
         yield
         return
     pressed: list[int] = []

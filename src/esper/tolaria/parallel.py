@@ -42,6 +42,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from esper.host_reads import counting_in_this_thread
+from esper.sigint import python_handles_sigint
 from esper.threads import intra_op_threads
 
 T = TypeVar("T")
@@ -249,10 +250,7 @@ def _ctrl_c_stops(plan: _Schedule[Any, Any, Any]) -> Iterator[None]:
     KeyboardInterrupt. Only where Python's own handler is installed and in the main thread
     (where handlers run); a program's own SIGINT handler is left alone.
     """
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
+    if not python_handles_sigint():
         yield
         return
 
