@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # Issue 35's device checks in ONE call of the `device` tool, for a session whose 15 minutes
 # of device time must hold the machine's start too (a minute or two). Parts, each under
-# its own timeout, run in the order ESPER_DEVICE_PARTS names them. All seven take up to
-# 870 s, more than one call's 600: the default, "tests profile ppo cuda_side", takes up to
-# 490 s, which with a start leaves room for a second call of "cpu_side workers" or "gpu".
-#   tests      the CUDA tests (stacked against per-env, streams, AMP, reads, the fused
-#              replay, the auto engine in rollouts)                              90 s
+# its own timeout, run in the order ESPER_DEVICE_PARTS names them. All eight take up to
+# 1020 s, more than one call's 600: the default, "tests profile cuda_side", takes up to
+# 490 s, which with a start leaves room for a second call of "cpu_side workers" or
+# "cpu_profile gpu" or "ppo gpu".
+#   tests      every CUDA test (stacked against per-env, streams, AMP, reads, the
+#              fused replay, the auto engine in rollouts, the profile's tally)   90 s
 #   profile    benchmarks/update_profile.py on CUDA, 16 envs, 2 updates: where an
-#              update's seconds go (3.2 s at 78e9838)                            120 s
+#              update's seconds go (3.2 s at 78e9838), and each phase's kernels,
+#              waits for the device and copies (--counts)                       180 s
 #   ppo        benchmarks/ppo_update.py on CUDA, 16 envs, 8-epoch episodes         60 s
 #   gpu        benchmarks/gpu.py, predecessor's host at 4 and 16 envs, both engines,
 #              with busy shares (lost to a timeout at 78e9838), then grown hosts   120 s
 #   cuda_side  side_by_side.sh on CUDA, 16 envs, Esper's default engine, 2 rounds  220 s
 #   cpu_side   side_by_side.sh on the 16-core CPU, 4 envs, 3 rounds               170 s
+#   cpu_profile  benchmarks/update_profile.py on the 16-core CPU, 4 envs, 2 updates:
+#              where an update's seconds go there (1.8 to 3.5 s at 78e9838, against
+#              1.9 s on the 2-core VM: the 12 extra cores bought nothing)         90 s
 #   workers    benchmarks/workers.py on that CPU, 4 envs in 4 threads and in 4
 #              processes: whether the interpreter lock costs 16 cores what
 #              processes would save (the lever left for the 16-core goal)         90 s
@@ -39,11 +44,14 @@ cuda available: {torch.cuda.is_available()}')"
 part() {
   case $1 in
     tests)
-      timeout 90 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/tolaria tests/mdp \
-        tests/kasmina tests/tamiyo 2>&1 | tee "$out/gpu_tests.txt" ;;
+      timeout 90 "$py" -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 \
+        | tee "$out/gpu_tests.txt" ;;
     profile)
-      timeout 120 "$py" benchmarks/update_profile.py --device "$device" --n-envs 16 \
-        --updates 2 --repeats 1 --top 15 2>&1 | tee "$out/update_profile.txt" ;;
+      timeout 180 "$py" benchmarks/update_profile.py --device "$device" --n-envs 16 \
+        --updates 2 --repeats 1 --counts --top 15 2>&1 | tee "$out/update_profile.txt" ;;
+    cpu_profile)
+      timeout 90 "$py" benchmarks/update_profile.py --device cpu --n-envs 4 --updates 2 \
+        --repeats 1 --top 15 2>&1 | tee "$out/cpu_update_profile.txt" ;;
     ppo)
       timeout 60 "$py" benchmarks/ppo_update.py --device "$device" --n-envs 16 \
         --episode-epochs 8 2>&1 | tee "$out/ppo_update.txt" ;;
@@ -61,11 +69,11 @@ part() {
     workers)
       timeout 90 "$py" benchmarks/workers.py --n-envs 4 --workers 4 --updates 1 --repeats 2 \
         2>&1 | tee "$out/cpu_workers.txt" ;;
-    *) echo "unknown part $1 (tests profile ppo gpu cuda_side cpu_side workers)"; return 2 ;;
+    *) echo "unknown part $1 (tests profile cpu_profile ppo gpu cuda_side cpu_side workers)"; return 2 ;;
   esac
 }
 
-for name in ${ESPER_DEVICE_PARTS:-tests profile ppo cuda_side}; do
+for name in ${ESPER_DEVICE_PARTS:-tests profile cuda_side}; do
   case $name in *_side) [ "$device" = cuda ] || continue ;; esac
   echo "== $name"
   part "$name"

@@ -8,29 +8,41 @@ images per env step, 8-epoch episodes; the arguments after ``--`` are added last
 win) in this process, after an untimed fit of one update (imports, CUDA's start, first
 kernels):
 
-1. ``--repeats`` pairs of fits of 1 and ``--updates`` updates, interleaved: seconds per
+1. a fit of ``--updates`` with the functions of :data:`PHASES` wrapped in timers (a clock
+   read on entry and exit: about a microsecond a call): each phase's seconds per update,
+   nested phases indented and counted in their parents;
+2. with ``--counts``, one more such fit under :class:`PhaseTally`: each phase's operators
+   that launch a kernel, scalar reads (``.item()`` and the like: on a GPU each waits for
+   the device) and copies between host and device, per update. Why: Esper's CUDA update
+   (3.2 s) was slower than esper-lite's (2.4 s) while issuing a fifth of its operators
+   (16 530 an update against 82 672 at 16 envs: ``benchmarks/operator_counts.py``), so
+   launches alone do not explain it; waits and transfers might, and where they happen
+   is counted the same on any machine;
+3. ``--repeats`` pairs of fits of 1 and ``--updates`` updates, interleaved: seconds per
    update = (wall of the longer - wall of the shorter) / (updates - 1), their median;
-2. one more fit of ``--updates`` with the functions of :data:`PHASES` wrapped in timers
-   (a clock read on entry and exit: about a microsecond a call): each phase's seconds per
-   update, nested phases indented and counted in their parents;
-3. with ``--top N``, one more under cProfile: the N functions with the most time of their
+4. with ``--top N``, one more under cProfile: the N functions with the most time of their
    own (cProfile's cost inflates Python-heavy code; its figures rank, they do not time).
+
+Each part prints as it ends, the phases first, so a time limit that cuts the script
+short (a device lease) keeps what ran.
 
 On CUDA the host waits for the device at the step's one read (``read_packed``) and a few
 others (the PPO update's early-stop read, checkpoints): time there is the GPU's work not
 yet done, time elsewhere the CPU's (launches and Python). Phases are timed on the main
 thread: on a CPU the per-env engine trains and validates in worker threads, which shows
-as ``run_epoch`` waiting for them. With images so small that compute is near nothing
+as ``run_epoch`` waiting for them, and their operators go uncounted (a dispatch mode
+sees its own thread). With images so small that compute is near nothing
 (``-- --model.engine stacked --data.input_shape '[3,4,4]'``) a CPU measures the
 host-side cost a GPU run pays (benchmarks/README.md).
 
 Usage: ``python benchmarks/update_profile.py [--device cuda] [--n-envs 16] [--updates 3]
-[--repeats 2] [--top 0] [-- MORE FIT ARGUMENTS]``
+[--repeats 2] [--counts] [--top 0] [-- MORE FIT ARGUMENTS]``
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import cProfile
 import importlib
@@ -42,6 +54,9 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+from dispatch import NO_KERNEL
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from esper import cli
 
@@ -109,17 +124,21 @@ def _owner_and_name(where: str) -> tuple[Any, str]:
 
 
 @contextlib.contextmanager
-def timed_phases(seconds: dict[str, float]) -> Iterator[None]:
-    """Within the block, each phase's function adds its wall to ``seconds[label]``."""
+def timed_phases(seconds: dict[str, float], running: list[str] | None = None) -> Iterator[None]:
+    """Within the block, each phase's function adds its wall to ``seconds[label]``; while
+    it runs its label is on ``running`` (innermost last), for :class:`PhaseTally`."""
     patched: list[tuple[Any, str, Any]] = []
+    stack = [] if running is None else running
 
     def timer(label: str, function: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
+            stack.append(label)
             tick = time.perf_counter()
             try:
                 return function(*args, **kwargs)
             finally:
                 seconds[label] += time.perf_counter() - tick
+                stack.pop()
 
         return timed
 
@@ -133,6 +152,70 @@ def timed_phases(seconds: dict[str, float]) -> Iterator[None]:
     finally:
         for owner, name, function in reversed(patched):
             setattr(owner, name, function)
+
+
+#: Where a tally outside every phase goes: Lightning's loop, callbacks, the fit's start.
+OUTSIDE = "whole fit (start, Lightning, callbacks too)"
+#: :class:`PhaseTally`'s columns.
+TALLIES = ("ops", "reads", "waits", "to device", "to host")
+
+
+class PhaseTally(TorchDispatchMode):
+    """Per phase, the operators run in this thread while it is running (a phase counts
+    its nested phases' too, as its seconds do), in :data:`TALLIES`:
+
+    - ``ops``: operators that launch a kernel on a GPU (views, bare allocations and
+      wrapped scalars launch none: ``dispatch.NO_KERNEL``), reads and copies excluded;
+    - ``reads``: ``_local_scalar_dense``, what ``.item()``, ``float()``, ``if tensor:``
+      run (a CPU generator's seed draws among them); ``waits``: those of a device's
+      tensor, each of which waits for every kernel queued before it;
+    - ``to device``, ``to host``: copies between the host and a device (``.to``,
+      ``.cpu()``, ``copy_``); one to the host waits for the device unless non-blocking.
+
+    Every operator is also counted under :data:`OUTSIDE`, the fit's total.
+    """
+
+    def __init__(self, running: list[str]) -> None:
+        super().__init__()
+        self.running = running
+        self.counts: dict[str, collections.Counter[str]] = {
+            tally: collections.Counter() for tally in TALLIES
+        }
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        tallies: tuple[str, ...]
+        if name == "_local_scalar_dense":
+            tallies = ("reads", "waits") if args[0].device.type != "cpu" else ("reads",)
+        elif name in ("_to_copy", "copy_") and (moved := _moved(name, args, out)):
+            tallies = (moved,)
+        elif not func.is_view and name not in NO_KERNEL:
+            tallies = ("ops",)
+        else:
+            return out
+        for tally in tallies:
+            counter = self.counts[tally]
+            counter[OUTSIDE] += 1
+            for label in set(self.running):
+                counter[label] += 1
+        return out
+
+    def row(self, label: str) -> list[int]:
+        return [self.counts[tally][label] for tally in TALLIES]
+
+
+def _moved(name: str, args: tuple, out: Any) -> str | None:
+    """``"to device"`` or ``"to host"`` where a ``_to_copy`` (of ``args[0]`` into ``out``)
+    or a ``copy_`` (of ``args[1]`` into ``args[0]``) moves data between the host and a
+    device; None where it stays on one side."""
+    source, target = (args[1], args[0]) if name == "copy_" else (args[0], out)
+    kinds = source.device.type, target.device.type
+    if kinds[0] == kinds[1] or "cpu" not in kinds:
+        return None
+    return "to host" if kinds[1] == "cpu" else "to device"
 
 
 def own_time(stats: pstats.Stats, top: int) -> list[tuple[float, str]]:
@@ -154,6 +237,9 @@ def main() -> None:
     parser.add_argument("--n-envs", type=int, default=16)
     parser.add_argument("--updates", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2, help="timed pairs of fits")
+    parser.add_argument(
+        "--counts", action="store_true", help="operators, reads and copies by phase"
+    )
     parser.add_argument("--top", type=int, default=0, help="cProfile's top functions")
     args = parser.parse_args(ours)
     if args.updates < 2:
@@ -166,31 +252,40 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as root:
         fit(1, f"{root}/warm")
+        seconds = dict.fromkeys(PHASES, 0.0)
+        with timed_phases(seconds):
+            fit(args.updates, f"{root}/timed")
+        print(f"\n{args.n_envs} envs on {args.device}, phases of a fit of {args.updates}:")
+        print(f"{'phase':<48} {'s / update':>10}")
+        for label, total in seconds.items():
+            print(f"{label:<48} {total / args.updates:10.3f}")
+        if args.counts:
+            running: list[str] = []
+            with timed_phases(dict.fromkeys(PHASES, 0.0), running), PhaseTally(running) as tally:
+                fit(args.updates, f"{root}/counted")
+            print(f"\ncounted per update (a fit of {args.updates}, this thread's operators):")
+            print(f"{'phase':<48}" + "".join(f"{name:>10}" for name in TALLIES))
+            for label in [*PHASES, OUTSIDE]:
+                counts = "".join(f"{n / args.updates:10.0f}" for n in tally.row(label))
+                print(f"{label:<48}{counts}")
         per_update = [
             (fit(args.updates, f"{root}/long{r}") - fit(1, f"{root}/short{r}")) / (args.updates - 1)
             for r in range(args.repeats)
         ]
-        seconds = dict.fromkeys(PHASES, 0.0)
-        with timed_phases(seconds):
-            fit(args.updates, f"{root}/timed")
+        print(
+            f"\n{args.n_envs} envs on {args.device}: {statistics.median(per_update):.3f} s an "
+            f"update unprofiled (median of {args.repeats}: "
+            + ", ".join(f"{s:.3f}" for s in per_update)
+            + ")"
+        )
         if args.top:
             profile = cProfile.Profile()
             profile.enable()
             fit(args.updates, f"{root}/profiled")
             profile.disable()
-    print(
-        f"\n{args.n_envs} envs on {args.device}: {statistics.median(per_update):.3f} s an "
-        f"update (median of {args.repeats}: "
-        + ", ".join(f"{s:.3f}" for s in per_update)
-        + f"); phases of a fit of {args.updates}:"
-    )
-    print(f"{'phase':<48} {'s / update':>10}")
-    for label, total in seconds.items():
-        print(f"{label:<48} {total / args.updates:10.3f}")
-    if args.top:
-        print("\nmost time of their own under cProfile (s / update):")
-        for own, where in own_time(pstats.Stats(profile), args.top):
-            print(f"{own / args.updates:8.3f}  {where}")
+            print("\nmost time of their own under cProfile (s / update):")
+            for own, where in own_time(pstats.Stats(profile), args.top):
+                print(f"{own / args.updates:8.3f}  {where}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from tests.benchmarks.loading import load_benchmark
 
@@ -28,23 +29,37 @@ def test_it_times_updates_and_phases_in_fits_of_the_side_by_side_work(
 
     monkeypatch.setattr(update_profile, "run_fit", remembering)
     monkeypatch.chdir(tmp_path)
-    argv = ["update_profile.py", "--n-envs", "2", "--updates", "2", "--repeats", "1", "--", *SMALL]
-    monkeypatch.setattr(sys, "argv", argv)
+    argv = ["update_profile.py", "--n-envs", "2", "--updates", "2", "--repeats", "1"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--counts", "--", *SMALL])
     update_profile.main()
-    assert sys.argv == argv  # handed back after each fit
-    # An untimed warm-up, a timed pair (2 updates, then 1) and the phases' fit (no
-    # profiled one without --top), on the side-by-side work with the arguments after --
-    # last.
-    assert [f[f.index("--trainer.max_epochs") + 1] for f in fits] == ["1", "2", "1", "2"]
+    assert sys.argv == [*argv, "--counts", "--", *SMALL]  # handed back after each fit
+    # An untimed warm-up, the phases' fit, the counted fit, then a timed pair (2 updates,
+    # then 1), no profiled one without --top; on the side-by-side work with the arguments
+    # after -- last.
+    epochs = [f[f.index("--trainer.max_epochs") + 1] for f in fits]
+    assert epochs == ["1", "2", "2", "2", "1"]
     assert all(f[-len(SMALL) :] == SMALL for f in fits)
     out = capsys.readouterr().out
-    assert "2 envs on cpu: " in out and "s an update (median of 1: " in out
+    assert "2 envs on cpu: " in out and "s an update unprofiled (median of 1: " in out
+    phases = {phase.strip() for phase in update_profile.PHASES}
+    timed, counted = out.split("counted per update")
     seconds = {
         line[:48].strip(): float(line[48:])
-        for line in out.splitlines()
-        if line[:48].strip() in {phase.strip() for phase in update_profile.PHASES}
+        for line in timed.splitlines()
+        if line[:48].strip() in phases
     }
     assert len(seconds) == len(update_profile.PHASES)
+    counts = {
+        line[:48].strip(): [float(n) for n in line[48:].split()]
+        for line in counted.splitlines()
+        if line[:48].strip() in phases | {update_profile.OUTSIDE}
+    }
+    assert len(counts) == len(update_profile.PHASES) + 1
+    assert all(len(row) == len(update_profile.TALLIES) for row in counts.values())
+    ops = {label: row[0] for label, row in counts.items()}
+    # A phase counts its nested phases' operators, and the fit counts every phase's.
+    assert ops[update_profile.OUTSIDE] >= ops["update (one PPO update)"] >= ops["rollout"]
+    assert ops["rollout"] >= ops["host epochs (run_epoch)"] > 0 and ops["PPO update"] > 0
     update, rollout = seconds["update (one PPO update)"], seconds["rollout"]
     assert update >= rollout >= seconds["host epochs (run_epoch)"] > 0
     assert seconds["PPO update"] > 0 and seconds["policy act"] > 0
@@ -89,3 +104,49 @@ def test_cprofiles_top_lists_the_most_time_of_their_own_first() -> None:
         (0.9, "esper/simic/ppo.py:300(ppo_update)"),
         (0.5, "torch/nn/modules/module.py:1(a)"),
     ]
+
+
+def test_a_phase_tally_counts_kernels_reads_and_copies_under_every_running_phase() -> None:
+    running: list[str] = []
+    x = torch.arange(4.0)
+    with update_profile.PhaseTally(running) as tally:
+        x + 1  # outside every phase: the fit's total only
+        running.append("outer")
+        x * 2
+        running.append("inner")
+        (x - 1).sum().item()  # two kernels and a read of a host tensor: no wait
+        x.view(2, 2)  # a view launches nothing
+        running.pop()
+        running.pop()
+    assert tally.row("inner") == [2, 1, 0, 0, 0]
+    assert tally.row("outer") == [3, 1, 0, 0, 0]
+    assert tally.row(update_profile.OUTSIDE) == [4, 1, 0, 0, 0]
+
+
+def test_copies_are_told_apart_by_direction() -> None:
+    def on(kind: str) -> SimpleNamespace:
+        return SimpleNamespace(device=torch.device(kind))
+
+    moved = update_profile._moved
+    # _to_copy(input) -> out
+    assert moved("_to_copy", (on("cpu"),), on("cuda")) == "to device"
+    assert moved("_to_copy", (on("cuda"),), on("cpu")) == "to host"
+    assert moved("_to_copy", (on("cpu"),), on("cpu")) is None  # a dtype change
+    # copy_(target, source)
+    assert moved("copy_", (on("cpu"), on("cuda")), None) == "to host"
+    assert moved("copy_", (on("cuda"), on("cpu")), None) == "to device"
+    assert moved("copy_", (on("cuda"), on("meta")), None) is None  # neither is the host
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_phase_tally_counts_device_waits_and_both_directions_of_copy() -> None:
+    running = ["phase"]
+    with update_profile.PhaseTally(running) as tally:
+        t = torch.ones(4).to("cuda")
+        t.sum().item()
+        t.cpu()
+        torch.empty(4).copy_(t)
+    ops, reads, waits, to_device, to_host = tally.row("phase")
+    assert (reads, waits, to_device, to_host) == (1, 1, 1, 2)
+    assert ops == 1  # the sum
