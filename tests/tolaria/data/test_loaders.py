@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from esper.tolaria.data import SyntheticImageDataModule
-from esper.tolaria.data.base import DataSplits
+from esper.tolaria.data.base import DataSplits, _BatchRows
 
 SHAPE = (3, 8, 8)
 
@@ -51,16 +51,29 @@ def test_validation_and_test_batches_keep_every_sample_in_order() -> None:
 def test_a_tensor_dataset_is_fetched_a_batch_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
     data = _module(batch_size=16)
     calls: list[object] = []
-    fetch = TensorDataset.__getitem__
+    fetch = _BatchRows.__getitem__
 
-    def counted(self: TensorDataset, index: object) -> tuple[torch.Tensor, ...]:
+    def counted(self: _BatchRows, index: list[int]) -> tuple[torch.Tensor, ...]:
         calls.append(index)
         return fetch(self, index)
 
-    monkeypatch.setattr(TensorDataset, "__getitem__", counted)
+    def refused(self: TensorDataset, index: object) -> tuple[torch.Tensor, ...]:
+        raise AssertionError("fetched through TensorDataset's list indexing")
+
+    monkeypatch.setattr(_BatchRows, "__getitem__", counted)
+    monkeypatch.setattr(TensorDataset, "__getitem__", refused)
     batches = list(data.host_train_dataloader())
     assert len(calls) == len(batches) == 100 // 16
     assert all(isinstance(index, list) and len(index) == 16 for index in calls)
+
+
+def test_batch_rows_gather_every_tensor_and_dtype_as_list_indexing_does() -> None:
+    tokens = torch.arange(40, dtype=torch.int32).reshape(10, 4)
+    dataset = TensorDataset(torch.randn(10, 2, 3), tokens, torch.arange(10))
+    rows = _BatchRows(dataset)
+    assert len(rows) == 10
+    for indices in ([3, 1, 4, 1, 5], [9], list(range(10))):
+        _same([rows[indices]], [dataset[indices]])
 
 
 class _Rows(Dataset):
