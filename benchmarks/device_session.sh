@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 35's device checks in ONE call of the `device` tool, for a session whose 15 minutes
 # of device time must hold the machine's start too (a minute or two). Parts, each under
-# its own timeout, run in the order ESPER_DEVICE_PARTS names them. All eight take up to
-# 1020 s, more than one call's 600: the default, "tests profile cuda_side", takes up to
+# its own timeout, run in the order ESPER_DEVICE_PARTS names them. All nine take up to
+# 1200 s, more than one call's 600: the default, "tests profile cuda_side", takes up to
 # 490 s, which with a start leaves room for a second call of "cpu_side workers" or
 # "cpu_profile gpu" or "ppo gpu".
 #   tests      every CUDA test (stacked against per-env, streams, AMP, reads, the
@@ -13,6 +13,9 @@
 #   ppo        benchmarks/ppo_update.py on CUDA, 16 envs, 8-epoch episodes         60 s
 #   gpu        benchmarks/gpu.py, predecessor's host at 4 and 16 envs, both engines,
 #              with busy shares (lost to a timeout at 78e9838), then grown hosts   120 s
+#   launch     benchmarks/launch_strategies.py on CUDA (the ways an engine could launch,
+#              in plain PyTorch), then dispatch.py on CUDA, fresh and grown hosts
+#              (what was gpu_session.sh's beyond the tests and gpu parts)        180 s
 #   cuda_side  side_by_side.sh on CUDA, 16 envs, Esper's default engine, 2 rounds  220 s
 #   cpu_side   side_by_side.sh on the 16-core CPU, 4 envs, 3 rounds               170 s
 #   cpu_profile  benchmarks/update_profile.py on the 16-core CPU, 4 envs, 2 updates:
@@ -60,6 +63,12 @@ part() {
         --epochs 1 2>&1 | tee "$out/gpu_bench.txt"
       timeout 40 "$py" benchmarks/gpu.py --device "$device" --hosts predecessor --n-envs 16 \
         --epochs 1 --grown 2>&1 | tee "$out/gpu_bench_grown.txt" ;;
+    launch)
+      timeout 120 "$py" benchmarks/launch_strategies.py --device "$device" --n-envs 16 64 \
+        2>&1 | tee "$out/launch_strategies.txt"
+      timeout 30 "$py" benchmarks/dispatch.py --device "$device" 2>&1 | tee "$out/dispatch.txt"
+      timeout 30 "$py" benchmarks/dispatch.py --device "$device" --grown 2>&1 \
+        | tee "$out/dispatch_grown.txt" ;;
     cuda_side)
       ESPER_SIDE_DEVICE=cuda ESPER_CPU_ENVS=16 ESPER_CPU_ROUNDS=2 ESPER_SIDE_TIMEOUT=220 \
         bash benchmarks/cpu_session.sh run ;;
@@ -69,7 +78,7 @@ part() {
     workers)
       timeout 90 "$py" benchmarks/workers.py --n-envs 4 --workers 4 --updates 1 --repeats 2 \
         2>&1 | tee "$out/cpu_workers.txt" ;;
-    *) echo "unknown part $1 (tests profile cpu_profile ppo gpu cuda_side cpu_side workers)"; return 2 ;;
+    *) echo "unknown part $1 (tests profile cpu_profile ppo gpu launch cuda_side cpu_side workers)"; return 2 ;;
   esac
 }
 

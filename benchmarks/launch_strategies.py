@@ -46,7 +46,7 @@ the others still run.
 
 Usage: ``python benchmarks/launch_strategies.py [--device cuda] [--n-envs 16 64]
 [--hosts predecessor gpu] [--steps 10] [--warmup 3] [--threads 4]``. Not yet run on a GPU:
-the defaults are sized for the two minutes ``gpu_session.sh`` gives them (rows print as
+the defaults are sized for the two minutes ``device_session.sh`` gives them (rows print as
 they are measured, so a timeout keeps the ones done); ``--device cpu --n-envs 2 --steps
 2`` runs in seconds (the graph ways say ``n/a``).
 """
