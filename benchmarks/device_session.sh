@@ -8,8 +8,9 @@
 #   tests      every CUDA test (stacked against per-env, streams, AMP, reads, the
 #              fused replay, the auto engine in rollouts, the profile's tally)   90 s
 #   profile    benchmarks/update_profile.py on CUDA, 16 envs, 2 updates: where an
-#              update's seconds go (3.2 s at 78e9838), and each phase's kernels,
-#              waits for the device and copies (--counts)                       180 s
+#              update's seconds go (3.2 s at 78e9838), each phase's kernels, waits
+#              for the device and copies (--counts), and the CPU time of CUDA's own
+#              calls, launches, syncs, copies, allocations (--trace)           180 s
 #   ppo        benchmarks/ppo_update.py on CUDA, 16 envs, 8-epoch episodes         60 s
 #   gpu        benchmarks/gpu.py, predecessor's host at 4 and 16 envs, both engines,
 #              with busy shares (lost to a timeout at 78e9838), then grown hosts   120 s
@@ -51,7 +52,8 @@ part() {
         | tee "$out/gpu_tests.txt" ;;
     profile)
       timeout 180 "$py" benchmarks/update_profile.py --device "$device" --n-envs 16 \
-        --updates 2 --repeats 1 --counts --top 15 2>&1 | tee "$out/update_profile.txt" ;;
+        --updates 2 --repeats 1 --counts --trace 25 --top 15 2>&1 \
+        | tee "$out/update_profile.txt" ;;
     cpu_profile)
       timeout 90 "$py" benchmarks/update_profile.py --device cpu --n-envs 4 --updates 2 \
         --repeats 1 --top 15 2>&1 | tee "$out/cpu_update_profile.txt" ;;

@@ -18,9 +18,14 @@ kernels):
    (16 530 an update against 82 672 at 16 envs: ``benchmarks/operator_counts.py``), so
    launches alone do not explain it; waits and transfers might, and where they happen
    is counted the same on any machine;
-3. ``--repeats`` pairs of fits of 1 and ``--updates`` updates, interleaved: seconds per
+3. with ``--trace N``, one more under ``torch.profiler``: the N events with the most CPU
+   time of their own (:func:`traced_events`). On CUDA the runtime's calls are events of
+   their own (``cudaLaunchKernel``, ``cudaMemcpyAsync``, ``cudaStreamSynchronize``,
+   ``cudaMalloc``...), so this says how much of the host's time launching, waiting,
+   copying and allocating take, which none of the counts above can;
+4. ``--repeats`` pairs of fits of 1 and ``--updates`` updates, interleaved: seconds per
    update = (wall of the longer - wall of the shorter) / (updates - 1), their median;
-4. with ``--top N``, one more under cProfile: the N functions with the most time of their
+5. with ``--top N``, one more under cProfile: the N functions with the most time of their
    own (cProfile's cost inflates Python-heavy code; its figures rank, they do not time).
 
 Each part prints as it ends, the phases first, so a time limit that cuts the script
@@ -36,7 +41,7 @@ sees its own thread). With images so small that compute is near nothing
 host-side cost a GPU run pays (benchmarks/README.md).
 
 Usage: ``python benchmarks/update_profile.py [--device cuda] [--n-envs 16] [--updates 3]
-[--repeats 2] [--counts] [--top 0] [-- MORE FIT ARGUMENTS]``
+[--repeats 2] [--counts] [--trace 0] [--top 0] [-- MORE FIT ARGUMENTS]``
 """
 
 from __future__ import annotations
@@ -218,6 +223,13 @@ def _moved(name: str, args: tuple, out: Any) -> str | None:
     return "to host" if kinds[1] == "cpu" else "to device"
 
 
+def traced_events(events: Any, top: int) -> list[tuple[float, int, str]]:
+    """The ``top`` of ``torch.profiler``'s averaged events (``key_averages()``) by CPU time
+    of their own, as (microseconds, calls, name)."""
+    rows = [(event.self_cpu_time_total, event.count, event.key) for event in events]
+    return sorted(rows, reverse=True)[:top]
+
+
 def own_time(stats: pstats.Stats, top: int) -> list[tuple[float, str]]:
     """The ``top`` functions by time of their own (tottime), as (seconds, where)."""
     rows = [
@@ -239,6 +251,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="timed pairs of fits")
     parser.add_argument(
         "--counts", action="store_true", help="operators, reads and copies by phase"
+    )
+    parser.add_argument(
+        "--trace", type=int, default=0, help="torch.profiler's top events (CUDA's calls too)"
     )
     parser.add_argument("--top", type=int, default=0, help="cProfile's top functions")
     args = parser.parse_args(ours)
@@ -268,6 +283,18 @@ def main() -> None:
             for label in [*PHASES, OUTSIDE]:
                 counts = "".join(f"{n / args.updates:10.0f}" for n in tally.row(label))
                 print(f"{label:<48}{counts}")
+        if args.trace:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU]
+            if args.device == "cuda":
+                activities.append(ProfilerActivity.CUDA)
+            with profile(activities=activities) as traced:
+                fit(args.updates, f"{root}/traced")
+            print("\nmost CPU time of their own under torch.profiler, per update:")
+            print(f"{'ms':>9} {'calls':>8}  event")
+            for micros, calls, name in traced_events(traced.key_averages(), args.trace):
+                print(f"{micros / 1e3 / args.updates:9.1f} {calls / args.updates:8.0f}  {name}")
         per_update = [
             (fit(args.updates, f"{root}/long{r}") - fit(1, f"{root}/short{r}")) / (args.updates - 1)
             for r in range(args.repeats)
