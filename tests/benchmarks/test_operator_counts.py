@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import textwrap
 import threading
@@ -17,7 +18,7 @@ from tests.benchmarks.loading import load_benchmark
 operator_counts = load_benchmark("operator_counts")
 
 #: Small enough for the suite: few images, two-epoch episodes.
-SMALL = ["--data.n_train", "64", "--data.n_val", "32", "--model.episode_epochs", "2"]
+SMALL = ["--data.n_train", "32", "--data.n_val", "16", "--model.episode_epochs", "2"]
 
 
 def test_a_longer_esper_fit_issues_more_operators() -> None:
@@ -71,11 +72,11 @@ def test_the_peer_counter_counts_kernels_in_the_launched_script(tmp_path: Path) 
     assert operator_counts.peer_operators(2, 1, venv, script) == 3
 
 
-def test_a_failing_peer_run_raises_with_its_error(tmp_path: Path) -> None:
-    script = _fake_peer(tmp_path, "raise SystemExit('no data here')\n")
-    venv = Path(sys.executable).parents[1]
-    with pytest.raises(RuntimeError, match="no data here"):
-        operator_counts.peer_operators(2, 1, venv, script)
+def test_a_failing_peer_run_raises_with_its_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    failed = subprocess.CompletedProcess([], 1, stdout="", stderr="FileNotFoundError: no data")
+    monkeypatch.setattr(operator_counts.subprocess, "run", lambda *a, **k: failed)
+    with pytest.raises(RuntimeError, match=r"exit 1\): FileNotFoundError: no data"):
+        operator_counts.peer_operators(2, 1, Path(sys.executable).parents[1])
 
 
 def test_a_missing_peer_environment_says_how_to_build_one(

@@ -14,7 +14,7 @@ from tests.benchmarks.loading import load_benchmark
 update_profile = load_benchmark("update_profile")
 
 #: Small enough for the suite: few images, two-epoch episodes.
-SMALL = ["--data.n_train", "64", "--data.n_val", "32", "--model.episode_epochs", "2"]
+SMALL = ["--data.n_train", "32", "--data.n_val", "16", "--model.episode_epochs", "2"]
 
 
 def test_it_times_updates_and_phases_in_fits_of_the_side_by_side_work(
