@@ -2,7 +2,7 @@
 # Issue 35's device checks in ONE call of the `device` tool, for a session whose 15 minutes
 # of device time must hold the machine's start too (a minute or two). Parts, each under
 # its own timeout, run in the order ESPER_DEVICE_PARTS names them. All nine take up to
-# 1200 s, more than one call's 600: the default, "tests profile cuda_side", takes up to
+# 1290 s, more than one call's 600: the default, "tests profile cuda_side", takes up to
 # 490 s, which with a start leaves room for a second call of "cpu_side workers" or
 # "cpu_profile gpu" or "ppo gpu".
 #   tests      every CUDA test (stacked against per-env, streams, AMP, reads, the
@@ -21,7 +21,9 @@
 #   cpu_side   side_by_side.sh on the 16-core CPU, 4 envs, 3 rounds               170 s
 #   cpu_profile  benchmarks/update_profile.py on the 16-core CPU, 4 envs, 2 updates:
 #              where an update's seconds go there (1.8 to 3.5 s at 78e9838, against
-#              1.9 s on the 2-core VM: the 12 extra cores bought nothing)         90 s
+#              1.9 s on the 2-core VM: the 12 extra cores bought nothing), with every
+#              core (4 workers of 4 intra-op threads), then with OMP_NUM_THREADS=4
+#              (4 workers of 1): whether the spare threads help or spin         180 s
 #   workers    benchmarks/workers.py on that CPU, 4 envs in 4 threads and in 4
 #              processes: whether the interpreter lock costs 16 cores what
 #              processes would save (the lever left for the 16-core goal)         90 s
@@ -56,7 +58,9 @@ part() {
         | tee "$out/update_profile.txt" ;;
     cpu_profile)
       timeout 90 "$py" benchmarks/update_profile.py --device cpu --n-envs 4 --updates 2 \
-        --repeats 1 --top 15 2>&1 | tee "$out/cpu_update_profile.txt" ;;
+        --repeats 1 2>&1 | tee "$out/cpu_update_profile.txt"
+      OMP_NUM_THREADS=4 timeout 90 "$py" benchmarks/update_profile.py --device cpu --n-envs 4 \
+        --updates 2 --repeats 1 2>&1 | tee "$out/cpu_update_profile_4_threads.txt" ;;
     ppo)
       timeout 60 "$py" benchmarks/ppo_update.py --device "$device" --n-envs 16 \
         --episode-epochs 8 2>&1 | tee "$out/ppo_update.txt" ;;
