@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Issue 35's device checks in ONE call of the `device` tool, for a session whose 15 minutes
 # of device time must hold the machine's start too (a minute or two). Parts, each under
-# its own timeout, run in the order ESPER_DEVICE_PARTS names them. All nine take up to
-# 1290 s, more than one call's 600: the default, "tests profile cuda_side", takes up to
-# 490 s, which with a start leaves room for a second call of "cpu_side workers" or
-# "cpu_profile gpu" or "ppo gpu".
+# its own timeout, run in the order ESPER_DEVICE_PARTS names them. All ten take up to
+# 1380 s, more than one call's 600: the default, "tests profile cuda_side", takes up to
+# 490 s, which with a start (about 100 s) leaves about 300 s for a second call: "cpu_side
+# cpu_stacked" (the 16-core goal, and the engine that might reach it), or "cpu_profile
+# cpu_stacked", or "ppo gpu".
 #   tests      every CUDA test (stacked against per-env, streams, AMP, reads, the
 #              fused replay, the auto engine in rollouts, the profile's tally)   90 s
 #   profile    benchmarks/update_profile.py on CUDA, 16 envs, 2 updates: where an
@@ -24,6 +25,9 @@
 #              1.9 s on the 2-core VM: the 12 extra cores bought nothing), with every
 #              core (4 workers of 4 intra-op threads), then with OMP_NUM_THREADS=4
 #              (4 workers of 1): whether the spare threads help or spin         180 s
+#   cpu_stacked  update_profile.py on that CPU with --model.engine stacked: on 2 cores
+#              stacking lost (grouped convolutions), on 16 one process's threads may
+#              fill the cores that 4 per-env workers leave idle                  90 s
 #   workers    benchmarks/workers.py on that CPU, 4 envs in 4 threads and in 4
 #              processes: whether the interpreter lock costs 16 cores what
 #              processes would save (the lever left for the 16-core goal)         90 s
@@ -61,6 +65,9 @@ part() {
         --repeats 1 2>&1 | tee "$out/cpu_update_profile.txt"
       OMP_NUM_THREADS=4 timeout 90 "$py" benchmarks/update_profile.py --device cpu --n-envs 4 \
         --updates 2 --repeats 1 2>&1 | tee "$out/cpu_update_profile_4_threads.txt" ;;
+    cpu_stacked)
+      timeout 90 "$py" benchmarks/update_profile.py --device cpu --n-envs 4 --updates 2 \
+        --repeats 1 -- --model.engine stacked 2>&1 | tee "$out/cpu_update_profile_stacked.txt" ;;
     ppo)
       timeout 60 "$py" benchmarks/ppo_update.py --device "$device" --n-envs 16 \
         --episode-epochs 8 2>&1 | tee "$out/ppo_update.txt" ;;
@@ -84,7 +91,7 @@ part() {
     workers)
       timeout 90 "$py" benchmarks/workers.py --n-envs 4 --workers 4 --updates 1 --repeats 2 \
         2>&1 | tee "$out/cpu_workers.txt" ;;
-    *) echo "unknown part $1 (tests profile cpu_profile ppo gpu launch cuda_side cpu_side workers)"; return 2 ;;
+    *) echo "unknown part $1 (tests profile cpu_profile cpu_stacked ppo gpu launch cuda_side cpu_side workers)"; return 2 ;;
   esac
 }
 
