@@ -60,8 +60,12 @@ def test_a_run_killed_with_sigkill_resumes_to_the_weights_of_an_unbroken_run(
     while not last.exists() and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert last.exists(), f"no checkpoint before the kill:\n{first.communicate()[0]}"
-    # Into the next update, so that the events file holds records the checkpoint does not.
-    time.sleep(0.5)
+    # Into the next update, so that the events file holds records the checkpoint does not:
+    # kill once the second rollout's records are written (a rollout's end flushes them),
+    # not after a fixed wait, which a quick machine spent finishing the whole run.
+    events = last.parent.parent / "events.jsonl"
+    while not _has_rollout(events, 1) and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert first.poll() is None, "the run finished before it could be killed; lengthen it"
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
@@ -90,6 +94,15 @@ def test_a_run_killed_with_sigkill_resumes_to_the_weights_of_an_unbroken_run(
     assert got.keys() == want.keys()
     differ = [key for key in want if not torch.equal(got[key], want[key])]
     assert not differ, f"the resumed run's final weights differ from the unbroken run's: {differ}"
+
+
+def _has_rollout(events: Path, rollout: int) -> bool:
+    """Whether ``events`` holds a whole record of ``rollout`` or a later one."""
+    if not events.exists():
+        return False
+    lines = events.read_text(encoding="utf-8").splitlines(keepends=True)
+    whole = [line for line in lines if line.endswith("\n")]  # a line being written is not
+    return any(json.loads(line).get("rollout", -1) >= rollout for line in whole)
 
 
 def _final_state_dict(root: Path) -> dict[str, torch.Tensor]:
