@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from esper.kasmina.growing_host import GrowingHost
 from esper.kasmina.incubation import IncubationPass, incubating_slots
+from esper.tolaria.shares import index_on
 
 
 @dataclass(eq=False)
@@ -179,7 +180,8 @@ def epoch_figures(
         torch.cat(column) if len(parts) > 1 else column[0] for column in zip(*parts, strict=True)
     ]
     if order != list(range(len(accs))):
-        back = torch.tensor(order, device=device).argsort()
+        # The inverse permutation, worked out here and uploaded without a wait.
+        back = index_on(device, sorted(range(len(order)), key=order.__getitem__))
         joined = [figure.index_select(0, back) for figure in joined]
     train_loss, train_acc, loss_finite, grads_finite = joined
     return train_loss, train_acc, loss_finite, grads_finite
