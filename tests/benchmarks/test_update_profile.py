@@ -132,8 +132,9 @@ def test_copies_are_told_apart_by_direction() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_phase_tally_counts_device_waits_and_both_directions_of_copy() -> None:
     running = ["phase"]
+    host = torch.ones(4)  # made outside: filling it is an operator of its own (on the host)
     with update_profile.PhaseTally(running) as tally:
-        t = torch.ones(4).to("cuda")
+        t = host.to("cuda")
         t.sum().item()
         t.cpu()
         torch.empty(4).copy_(t)
