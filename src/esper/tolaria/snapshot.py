@@ -20,7 +20,6 @@ launch costs tens of microseconds of CPU, the launches are the cost.
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from torch import Tensor, nn
 from esper.kasmina.growing_host import GrowingHost
 from esper.kasmina.hosts.base import HostModel
 from esper.tolaria.copies import Copies
+from esper.tolaria.structure_copy import deepcopy_structure
 
 
 @dataclass(frozen=True)
@@ -61,14 +61,15 @@ class HostSnapshot:
 def _deepcopy(
     objects: tuple[HostModel, torch.optim.Optimizer, dict[str, torch.optim.Optimizer]],
 ) -> tuple[HostModel, torch.optim.Optimizer, dict[str, torch.optim.Optimizer]]:
-    """``copy.deepcopy(objects)``, its tensors copied in a few multi-tensor copies."""
+    """``copy.deepcopy(objects)``, its tensors copied in a few multi-tensor copies and the
+    objects around them by pickle (:func:`~esper.tolaria.structure_copy.deepcopy_structure`)."""
     model, host_optimizer, seed_optimizers = objects
     optimizers = [host_optimizer, *seed_optimizers.values()]
     states = (
         value for opt in optimizers for state in opt.state.values() for value in state.values()
     )
     memo = _tensor_copies([*model.parameters(), *model.buffers(), *states])
-    return copy.deepcopy(objects, memo)
+    return deepcopy_structure(objects, memo)
 
 
 def _tensor_copies(objects: Iterable[Any]) -> dict[int, Any]:

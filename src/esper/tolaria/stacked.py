@@ -53,7 +53,6 @@ none does, a copy of one member's host with the other members' seeds' slots copi
 
 from __future__ import annotations
 
-import copy
 import functools
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager
@@ -86,6 +85,7 @@ from esper.tolaria.stack_grouping import (
     trained_tensors,
 )
 from esper.tolaria.stacked_norm import batch_norms, batch_norms_unfolded
+from esper.tolaria.structure_copy import deepcopy_structure
 from esper.tolaria.swapped import Swapped
 
 #: A missing gate's logit in a group's forward: sigmoid(inf) is exactly 1, so the seed's
@@ -827,7 +827,7 @@ def _built_template(
     member it came from would. Its own tensors are uninitialised (:func:`_placeholders`):
     the group's stacked tensors are swapped in, and the forward runs no other."""
     base = max(range(len(envs)), key=lambda g: (len(signatures[g]), -g))
-    template = copy.deepcopy(envs[base].model, _placeholders(envs[base].model))
+    template = deepcopy_structure(envs[base].model, _placeholders(envs[base].model))
     owners = {slot_id: envs[base] for slot_id in template.slot_ids}
     for slot_id in template.slot_ids:
         running = [
@@ -840,7 +840,7 @@ def _built_template(
         donor = -max(running)[2]
         if donor != base:
             slot = envs[donor].model.slot(slot_id)
-            template.slots[slot_id] = copy.deepcopy(slot, _placeholders(slot))
+            template.slots[slot_id] = deepcopy_structure(slot, _placeholders(slot))
             owners[slot_id] = envs[donor]
     return template, owners
 
