@@ -14,6 +14,7 @@ kernels). Each env still writes only its own row (CPU worker threads, CUDA strea
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +23,9 @@ import torch
 from torch import Tensor, nn
 
 from esper.kasmina.growing_host import GrowingHost
+from esper.kasmina.hosts.base import HostModel
 from esper.kasmina.incubation import IncubationPass, incubating_slots
+from esper.kasmina.slot import SeedSlot
 from esper.tolaria.shares import index_on
 
 
@@ -66,8 +69,9 @@ class EnvAccumulator:
     params_finite: Tensor
     #: A finite stand-in for a parameter that got no gradient this step.
     no_grad: Tensor
-    #: The seed-only pass of the seeds in TRAINING (None: no slot has one).
-    incubation: IncubationPass | None
+    #: The host, and its slots whose seeds are in TRAINING (their seed-only pass learns).
+    model: HostModel
+    incubating: list[SeedSlot]
     #: The tensors this accumulator's sums are rows of, and its row there.
     sums: DeviceSums
     row: int
@@ -76,6 +80,16 @@ class EnvAccumulator:
     seen_stacked: int = 0
     #: Set when the env ran out of memory and sat out the rest of the epoch's training.
     skipped: bool = False
+
+    @functools.cached_property
+    def incubation(self) -> IncubationPass | None:
+        """The seed-only pass of the seeds in TRAINING (None: no slot has one), built the
+        first time this env trains on its own this epoch.
+
+        Why not at the epoch's start: listing the host's parameters and buffers is a walk
+        of every module (about 1 ms a host on the 2-core VM), and an env that trains in a
+        stacked group never needs it (the group runs its members' pass itself)."""
+        return IncubationPass(self.model, self.incubating) if self.incubating else None
 
 
 def accumulators(envs: Sequence[GrowingHost]) -> list[EnvAccumulator]:
@@ -98,7 +112,6 @@ def accumulators(envs: Sequence[GrowingHost]) -> list[EnvAccumulator]:
         start = 0
         for row, (i, count) in enumerate(zip(members, counts, strict=True)):
             params, spans = trained[i]
-            incubating = incubating_slots(envs[i].model)
             made[i] = EnvAccumulator(
                 loss_sum=sums.loss_sum[row],
                 correct=sums.correct[row],
@@ -108,7 +121,8 @@ def accumulators(envs: Sequence[GrowingHost]) -> list[EnvAccumulator]:
                 seed_spans=spans,
                 params_finite=sums.params_finite[start : start + count],
                 no_grad=sums.no_grad,
-                incubation=IncubationPass(envs[i].model, incubating) if incubating else None,
+                model=envs[i].model,
+                incubating=incubating_slots(envs[i].model),
                 sums=sums,
                 row=row,
             )
