@@ -14,9 +14,10 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule
+from lightning.pytorch import Callback, LightningModule
 
 from esper.callbacks.checkpoint import newest_checkpoint
+from esper.callbacks.gc_freeze import FreezeStartupObjects
 from esper.contracts.rollout import RolloutSummary, StepBatch
 from esper.kasmina import LifecycleConfig, OptimConfig
 from esper.mdp.env import MorphogeneticVecEnv
@@ -231,6 +232,12 @@ class PPOModule(LightningModule):
         self._obs_dim = obs_dim
         self.policy = PolicyNetwork(obs_dim, schema, self.policy_config)
         self.normalizer = RunningObsNormalizer(obs_dim, self.normalizer_config)
+
+    def configure_callbacks(self) -> list[Callback]:
+        """What every fit of this module runs beside the trainer's callbacks: the objects
+        alive at the fit's start kept out of full garbage collections
+        (:class:`~esper.callbacks.gc_freeze.FreezeStartupObjects`)."""
+        return [FreezeStartupObjects()]
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         assert self.policy is not None, "setup() builds the policy before the optimizer"
