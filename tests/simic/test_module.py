@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import lightning as L
@@ -10,6 +11,7 @@ import torch
 
 import esper.simic.module as module_source
 from esper.simic.module import PPOModule
+from esper.tolaria.data import SyntheticImageDataModule
 from tests.mdp.envs import small_data
 
 
@@ -48,3 +50,34 @@ def test_the_ppo_update_and_the_collector_take_the_policy_s_cpu_threads(
         torch.set_num_threads(previous)
     assert counts == [1]
     assert module.collector is not None and module.collector.policy_threads == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("resident_bytes", [2**30, 0])
+def test_a_fit_on_a_gpu_trains_from_splits_on_the_gpu_or_on_the_host(
+    tmp_path: Path, resident_bytes: int
+) -> None:
+    """A fit on a GPU gathers its host batches there when the splits fit resident_bytes,
+    else on the host; the fit runs alike both ways."""
+    L.seed_everything(0, verbose=False)
+    module = PPOModule(n_envs=2, episode_epochs=2, host_kwargs={"channels": [4, 8]})
+    data = SyntheticImageDataModule(
+        n_train=64, n_val=32, batch_size=16, val_batch_size=32, resident_bytes=resident_bytes
+    )
+    trainer = L.Trainer(
+        max_epochs=2,
+        accelerator="gpu",
+        devices=1,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, datamodule=data)
+    assert module.env is not None
+    rows = module.env._train_loader.dataset
+    assert rows.tensors[0].device.type == ("cuda" if resident_bytes else "cpu")
+    losses = [module.last_metrics[f"ppo/{name}"] for name in ("policy_loss", "value_loss")]
+    assert all(math.isfinite(loss) for loss in losses)

@@ -34,6 +34,7 @@ def test_the_record_holds_every_argument_with_its_default_in_signature_order() -
         "val_batch_size": 512,
         "num_workers": 0,
         "seed": 0,
+        "resident_bytes": 2**30,
     }
     assert DigitsDataModule(**data.init_args).init_args == data.init_args  # rebuilds alike
 

@@ -3,10 +3,13 @@ shuffle generator's draws are those of a sample-by-sample DataLoader."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from esper.contracts.config_errors import ConfigError
 from esper.tolaria.data import SyntheticImageDataModule
 from esper.tolaria.data.base import DataSplits, _BatchRows
 
@@ -103,3 +106,56 @@ def test_another_dataset_loads_sample_by_sample_as_before() -> None:
     x, y = next(iter(data.host_train_dataloader()))
     assert x.shape == (16, *SHAPE) and y.shape == (16,)
     assert sum(len(y) for _, y in data.host_val_dataloader()) == 30
+
+
+def _on(device: str) -> SimpleNamespace:
+    """What the loaders read of a fit's trainer: the device its strategy trains on."""
+    return SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device(device)))
+
+
+def test_rows_gathered_on_a_device_are_the_rows_gathered_on_the_host() -> None:
+    data = _module(batch_size=16)
+    indices = [7, 3, 99, 0, 42]
+    host = _BatchRows(data.train_dataset)[indices]
+    placed = _BatchRows(data.train_dataset, torch.device("cpu"))[indices]
+    _same([host], [placed])
+
+
+def test_splits_stay_on_the_host_outside_a_fit_on_a_cpu_or_when_too_large() -> None:
+    data = _module(batch_size=16)
+    split = data.train_dataset
+    assert data._resident_device(split) is None  # no trainer: evaluation, scripts
+    data.trainer = _on("cpu")
+    assert data._resident_device(split) is None
+    data.trainer = _on("cuda")
+    assert data._resident_device(split) == torch.device("cuda")
+    size = sum(t.numel() * t.element_size() for t in split.tensors)
+    for kwargs, resident in (
+        ({"resident_bytes": size}, True),
+        ({"resident_bytes": size - 1}, False),
+        ({"resident_bytes": 0}, False),
+        ({"num_workers": 1}, False),
+    ):
+        other = _module(batch_size=16, **kwargs)
+        other.trainer = _on("cuda")
+        assert (other._resident_device(split) is not None) is resident, kwargs
+
+
+def test_resident_bytes_must_be_a_count_of_bytes() -> None:
+    with pytest.raises(ConfigError, match=r"resident_bytes: must be an int >= 0"):
+        _module(resident_bytes=-1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_fit_on_a_gpu_gathers_the_host_batches_there() -> None:
+    data = _module(batch_size=16, seed=4)
+    host_train, host_val = data.host_train_dataloader(), data.host_val_dataloader()
+    data.trainer = _on("cuda")
+    train, val = data.host_train_dataloader(), data.host_val_dataloader()
+    assert not train.pin_memory
+    for ours, theirs in ((train, host_train), (val, host_val)):
+        for _ in range(2):
+            batches = list(ours)
+            assert all(t.device.type == "cuda" for batch in batches for t in batch)
+            _same([tuple(t.cpu() for t in b) for b in batches], list(theirs))

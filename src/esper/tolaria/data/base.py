@@ -30,6 +30,7 @@ from torch.utils.data import (
 )
 
 from esper.contracts.config_errors import ConfigError, owned_by, require_int, require_number
+from esper.tolaria.shares import index_on
 
 TASK_CLASSIFICATION = "classification"
 TASK_LANGUAGE_MODEL = "language_model"
@@ -39,6 +40,8 @@ DEFAULT_BATCH_SIZE = 128
 DEFAULT_VAL_BATCH_SIZE = 512
 DEFAULT_NUM_WORKERS = 0
 DEFAULT_SEED = 0
+#: Splits up to this size live on the training accelerator (see ``resident_bytes``).
+DEFAULT_RESIDENT_BYTES = 2**30
 
 
 class DataSplits(NamedTuple):
@@ -113,6 +116,11 @@ class HostDataModule(LightningDataModule, ABC):
             main process.
         seed: seed of the host train loader's shuffle order (offset per DDP rank); the
             samples themselves do not depend on it.
+        resident_bytes: a split of at most this many bytes is copied once to the
+            accelerator a fit trains on (``trainer.strategy.root_device``, not a CPU), and
+            its batches are gathered there: the same rows in the same order, without a
+            pinned copy and an upload of every batch. 0 keeps every split on the host;
+            so do ``num_workers > 0`` and loaders built outside a fit (evaluation).
     """
 
     #: The keyword arguments the module was built with (filled in by ``__init_subclass__``),
@@ -144,6 +152,7 @@ class HostDataModule(LightningDataModule, ABC):
         val_batch_size: int = DEFAULT_VAL_BATCH_SIZE,
         num_workers: int = DEFAULT_NUM_WORKERS,
         seed: int = DEFAULT_SEED,
+        resident_bytes: int = DEFAULT_RESIDENT_BYTES,
     ) -> None:
         super().__init__()
         with owned_by(self):  # also for a subclass that keeps this __init__ as its own
@@ -151,6 +160,7 @@ class HostDataModule(LightningDataModule, ABC):
             self.val_batch_size = require_int("val_batch_size", val_batch_size, 1)
             self.num_workers = require_int("num_workers", num_workers, 0)
             self.seed = require_int("seed", seed, 0)
+            self.resident_bytes = require_int("resident_bytes", resident_bytes, 0)
         self._train_set: TensorDataset | None = None
         self._val_set: TensorDataset | None = None
         self._test_set: TensorDataset | None = None
@@ -298,19 +308,42 @@ class HostDataModule(LightningDataModule, ABC):
         order = (
             RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
         )
+        device = self._resident_device(dataset)
+        if device is not None:
+            options["pin_memory"] = False  # the rows are gathered on the device already
         # batch_size=None: each item the sampler yields (a batch's index list) is fetched
         # in one _BatchRows[indices], whole tensors.
         return DataLoader(
-            _BatchRows(dataset),
+            _BatchRows(dataset, device),
             batch_size=None,
             sampler=BatchSampler(order, batch_size, drop_last=drop_last),
             **options,
         )
 
+    def _resident_device(self, dataset: TensorDataset) -> torch.device | None:
+        """The accelerator ``dataset``'s batches are gathered on (``resident_bytes``), or
+        None where they are gathered on the host.
+
+        Why: with the data on the host, every batch of a fit on a GPU is gathered, pinned
+        and uploaded by the thread that launches the hosts' kernels. On the H100 that was
+        about a tenth of that thread's time in a 16-env update (cProfile: pin_memory 0.08 s
+        and index_select 0.05 s of 1.23 s), for a dataset of 12 MB.
+        """
+        trainer = self.trainer
+        if trainer is None or self.num_workers > 0:
+            return None
+        device = trainer.strategy.root_device
+        size = sum(tensor.numel() * tensor.element_size() for tensor in dataset.tensors)
+        if device.type == "cpu" or size > self.resident_bytes:
+            return None
+        return device
+
 
 class _BatchRows(Dataset):
     """A ``TensorDataset`` read a batch at a time: ``rows[indices]`` gathers each tensor's
-    rows at ``indices`` with ``index_select``.
+    rows at ``indices`` with ``index_select``, on ``device`` where given (the tensors are
+    copied there once, the index of each batch without stalling the host:
+    ``esper.tolaria.shares.index_on``).
 
     Why not ``TensorDataset[indices]``: indexing by a Python list takes the general
     advanced-indexing path, 198 us for 64 rows of 3x32x32 on this project's 2-core VM
@@ -320,15 +353,20 @@ class _BatchRows(Dataset):
     after.
     """
 
-    def __init__(self, dataset: TensorDataset) -> None:
-        self.tensors = dataset.tensors
+    def __init__(self, dataset: TensorDataset, device: torch.device | None = None) -> None:
+        tensors = dataset.tensors
+        self.tensors = tensors if device is None else tuple(t.to(device) for t in tensors)
+        self.device = device
         self._length = len(dataset)
 
     def __len__(self) -> int:
         return self._length
 
     def __getitem__(self, indices: list[int]) -> tuple[torch.Tensor, ...]:
-        index = torch.as_tensor(indices, dtype=torch.long)
+        if self.device is None:
+            index = torch.as_tensor(indices, dtype=torch.long)
+        else:
+            index = index_on(self.device, indices)
         return tuple(tensor.index_select(0, index) for tensor in self.tensors)
 
 
