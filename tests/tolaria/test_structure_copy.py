@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from esper.contracts import BlendMode, SeedStage
-from esper.kasmina import CNNHost, GrowingHost
+from esper.kasmina import CNNHost, GrowingHost, TransformerHost
+from esper.kasmina.blueprints import BLUEPRINTS
 from esper.kasmina.lifecycle import GateSignals
 from esper.tolaria import structure_copy
 from esper.tolaria.epoch import run_epoch
@@ -143,3 +144,25 @@ def test_objects_shared_within_the_copy_stay_shared(shared: bool) -> None:
     objects = (inner, inner if shared else [1, 2])
     copied = deepcopy_structure(objects, {})
     assert (copied[0] is copied[1]) is shared and copied[0] is not inner
+
+
+def _every_seed() -> list[tuple[str, str]]:
+    """(host kind, blueprint) for every registered blueprint and built-in host it fits."""
+    return [
+        (kind, name)
+        for name in BLUEPRINTS.names()
+        for kind in ("cnn", "transformer")
+        if kind in BLUEPRINTS.get(name).host_kinds
+    ]
+
+
+@pytest.mark.parametrize(("kind", "blueprint"), _every_seed())
+def test_every_blueprint_s_seed_pickles_without_falling_back(kind: str, blueprint: str) -> None:
+    """A seed that did not pickle (a lambda on a module, say) would make every snapshot of
+    its host take deepcopy's slower path without a word: this names it."""
+    host = CNNHost(channels=(16, 32)) if kind == "cnn" else TransformerHost()
+    env = GrowingHost(host)
+    slot_id = env.slot_ids[0]
+    env.germinate(slot_id, blueprint, BlendMode.LINEAR)
+    env.advance(slot_id, PASS)
+    structure_copy._dump(_objects(env), {}, [])
