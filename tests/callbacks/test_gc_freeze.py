@@ -13,6 +13,7 @@ from lightning.pytorch import Callback
 from esper.callbacks.gc_freeze import FreezeStartupObjects
 from esper.simic.module import PPOModule
 from tests.mdp.envs import small_data
+from tests.trainers import quiet_trainer
 
 
 class _Watch(Callback):
@@ -40,15 +41,7 @@ def _fit(tmp_path: Path, watch: _Watch) -> None:
     module = PPOModule(
         n_envs=2, episode_epochs=2, host_kwargs={"channels": [4, 8]}, policy={"hidden_size": 16}
     )
-    trainer = L.Trainer(
-        max_epochs=1,
-        default_root_dir=tmp_path,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[watch],
-    )
+    trainer = quiet_trainer(tmp_path, callbacks=[watch])
     trainer.fit(module, datamodule=small_data())
 
 

@@ -13,6 +13,7 @@ import esper.simic.module as module_source
 from esper.simic.module import PPOModule
 from esper.tolaria.data import SyntheticImageDataModule
 from tests.mdp.envs import small_data
+from tests.trainers import quiet_trainer
 
 
 def test_the_ppo_update_and_the_collector_take_the_policy_s_cpu_threads(
@@ -33,14 +34,7 @@ def test_the_ppo_update_and_the_collector_take_the_policy_s_cpu_threads(
         return update(*args, **kwargs)
 
     monkeypatch.setattr(module_source, "ppo_update", counting_update)
-    trainer = L.Trainer(
-        max_epochs=1,
-        default_root_dir=tmp_path,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(tmp_path)
     previous = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -65,16 +59,7 @@ def test_a_fit_on_a_gpu_trains_from_splits_on_the_gpu_or_on_the_host(
     data = SyntheticImageDataModule(
         n_train=64, n_val=32, batch_size=16, val_batch_size=32, resident_bytes=resident_bytes
     )
-    trainer = L.Trainer(
-        max_epochs=2,
-        accelerator="gpu",
-        devices=1,
-        default_root_dir=tmp_path,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(tmp_path, max_epochs=2, accelerator="gpu", devices=1)
     trainer.fit(module, datamodule=data)
     assert module.env is not None
     rows = module.env._train_loader.dataset
