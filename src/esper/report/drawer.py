@@ -144,11 +144,14 @@ class BackgroundDrawer:
         return done
 
     def _stop_hung(self) -> DrawingError:
-        """Kill a helper that stopped answering and take its end off the queue (the reader
-        reports it there), answers it sent meanwhile dropped with the rest."""
+        """Kill a helper that stopped answering, reap it (its pipe can close before it has
+        exited) and take its end off the queue (the reader reports it there), answers it
+        sent meanwhile dropped with the rest."""
         process = self._process
         if process is not None:
             process.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=STOP_TIMEOUT_S)
         with contextlib.suppress(Empty):
             while True:
                 item = self._results.get(timeout=STOP_TIMEOUT_S)
