@@ -248,7 +248,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--n-envs", type=int, default=16)
     parser.add_argument("--updates", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=2, help="timed pairs of fits")
+    parser.add_argument("--repeats", type=int, default=2, help="timed pairs of fits (0: none)")
     parser.add_argument(
         "--counts", action="store_true", help="operators, reads and copies by phase"
     )
@@ -259,6 +259,8 @@ def main() -> None:
     args = parser.parse_args(ours)
     if args.updates < 2:
         parser.error("--updates must be >= 2 (an update's time is a difference of fits)")
+    if args.repeats < 0:
+        parser.error("--repeats must be >= 0 (0 skips the unprofiled timing)")
 
     def fit(updates: int, root: str) -> float:
         tick = time.perf_counter()
@@ -299,12 +301,13 @@ def main() -> None:
             (fit(args.updates, f"{root}/long{r}") - fit(1, f"{root}/short{r}")) / (args.updates - 1)
             for r in range(args.repeats)
         ]
-        print(
-            f"\n{args.n_envs} envs on {args.device}: {statistics.median(per_update):.3f} s an "
-            f"update unprofiled (median of {args.repeats}: "
-            + ", ".join(f"{s:.3f}" for s in per_update)
-            + ")"
-        )
+        if per_update:  # --repeats 0: the other parts only
+            print(
+                f"\n{args.n_envs} envs on {args.device}: {statistics.median(per_update):.3f} s an "
+                f"update unprofiled (median of {args.repeats}: "
+                + ", ".join(f"{s:.3f}" for s in per_update)
+                + ")"
+            )
         if args.top:
             profile = cProfile.Profile()
             profile.enable()
