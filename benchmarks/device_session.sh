@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 35's device checks in ONE call of the `device` tool, for a session whose 15 minutes
 # of device time must hold the machine's start too (a minute or two). Parts, each under
-# its own timeout, run in the order ESPER_DEVICE_PARTS names them. All ten take up to
-# 1380 s, more than one call's 600: the default, "tests profile cuda_side", takes up to
+# its own timeout, run in the order ESPER_DEVICE_PARTS names them. All eleven take up to
+# 1580 s, more than one call's 600: the default, "tests profile cuda_side", takes up to
 # 490 s, which with a start (about 100 s) leaves about 300 s for a second call: "cpu_side
 # cpu_stacked" (the 16-core goal, and the engine that might reach it), or "cpu_profile
 # cpu_stacked", or "ppo gpu".
@@ -18,6 +18,10 @@
 #   launch     benchmarks/launch_strategies.py on CUDA (the ways an engine could launch,
 #              in plain PyTorch), then dispatch.py on CUDA, fresh and grown hosts
 #              (what was gpu_session.sh's beyond the tests and gpu parts)        180 s
+#   cuda_updates  update_profile.py on CUDA, 16 envs: seconds an update from 3 pairs of
+#              fits of 4 and 1 updates. side_by_side's (3 - 1) / 2 could not resolve
+#              Esper's sub-second updates there (2026-11-27: fits of 1 and 3 updates
+#              both took about 24 s, a negative figure once)                    200 s
 #   cuda_side  side_by_side.sh on CUDA, 16 envs, Esper's default engine, 2 rounds  220 s
 #   cpu_side   side_by_side.sh on the 16-core CPU, 4 envs, 3 rounds               170 s
 #   cpu_profile  benchmarks/update_profile.py on the 16-core CPU, 4 envs, 2 updates:
@@ -45,6 +49,15 @@ mkdir -p "$out" || exit 1
 export OUT=$out PYTHONPATH=$root/src:$root${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 device=${ESPER_GPU_DEVICE:-cuda}
+# The machine lacks Esper's CLI parser (jsonargparse): the carried wheels go on the path
+# first (the call that forgot them lost its first minutes, 2026-11-27).
+if [ -d .whl ] && ! "$py" -c "import jsonargparse" 2>/dev/null; then
+  site=$(mktemp -d) || exit 1
+  "$py" -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/*.whl || exit 1
+  export PYTHONPATH=$PYTHONPATH:$site
+fi
+"$py" -c "import jsonargparse" 2>/dev/null \
+  || { echo "no jsonargparse: run 'bash benchmarks/cpu_session.sh prepare' here and carry .whl"; exit 1; }
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv 2>&1
   "$py" -c "import os, torch; print(f'torch {torch.__version__}, {os.cpu_count()} CPUs, \
@@ -82,6 +95,9 @@ part() {
       timeout 30 "$py" benchmarks/dispatch.py --device "$device" 2>&1 | tee "$out/dispatch.txt"
       timeout 30 "$py" benchmarks/dispatch.py --device "$device" --grown 2>&1 \
         | tee "$out/dispatch_grown.txt" ;;
+    cuda_updates)
+      timeout 200 "$py" benchmarks/update_profile.py --device "$device" --n-envs 16 \
+        --updates 4 --repeats 3 2>&1 | tee "$out/cuda_updates.txt" ;;
     cuda_side)
       ESPER_SIDE_DEVICE=cuda ESPER_CPU_ENVS=16 ESPER_CPU_ROUNDS=2 ESPER_SIDE_TIMEOUT=220 \
         bash benchmarks/cpu_session.sh run ;;
@@ -91,7 +107,7 @@ part() {
     workers)
       timeout 90 "$py" benchmarks/workers.py --n-envs 4 --workers 4 --updates 1 --repeats 2 \
         2>&1 | tee "$out/cpu_workers.txt" ;;
-    *) echo "unknown part $1 (tests profile cpu_profile cpu_stacked ppo gpu launch cuda_side cpu_side workers)"; return 2 ;;
+    *) echo "unknown part $1 (tests profile cpu_profile cpu_stacked ppo gpu launch cuda_updates cuda_side cpu_side workers)"; return 2 ;;
   esac
 }
 
