@@ -2,7 +2,7 @@
 # Issue 35's device checks in ONE call of the `device` tool, for a session whose 15 minutes
 # of device time must hold the machine's start too (a minute or two). Parts, each under
 # its own timeout, run in the order ESPER_DEVICE_PARTS names them. All eleven take up to
-# 1580 s, more than one call's 600: the default, "tests profile cuda_side", takes up to
+# 1620 s, more than one call's 600: the default, "tests profile cuda_side", takes up to
 # 490 s, which with a start (about 100 s) leaves about 300 s for a second call: "cpu_side
 # cpu_stacked" (the 16-core goal, and the engine that might reach it), or "cpu_profile
 # cpu_stacked", or "ppo gpu".
@@ -12,7 +12,10 @@
 #              update's seconds go (3.2 s at 78e9838), each phase's kernels, waits
 #              for the device and copies (--counts), and the CPU time of CUDA's own
 #              calls, launches, syncs, copies, allocations (--trace)           180 s
-#   ppo        benchmarks/ppo_update.py on CUDA, 16 envs, 8-epoch episodes         60 s
+#   ppo        benchmarks/ppo_update.py, 16 envs, 8-epoch episodes, on CUDA and then on
+#              one core of that CPU: whether the policy should learn on the CPU while
+#              the hosts train on the GPU (a CUDA fit's PPO phase took 0.33-0.43 s an
+#              update at 65f9830, the same update 0.09 s on this 2-core VM)       100 s
 #   gpu        benchmarks/gpu.py, predecessor's host at 4 and 16 envs, both engines,
 #              with busy shares (lost to a timeout at 78e9838), then grown hosts   120 s
 #   launch     benchmarks/launch_strategies.py on CUDA (the ways an engine could launch,
@@ -83,7 +86,9 @@ part() {
         --repeats 1 -- --model.engine stacked 2>&1 | tee "$out/cpu_update_profile_stacked.txt" ;;
     ppo)
       timeout 60 "$py" benchmarks/ppo_update.py --device "$device" --n-envs 16 \
-        --episode-epochs 8 2>&1 | tee "$out/ppo_update.txt" ;;
+        --episode-epochs 8 2>&1 | tee "$out/ppo_update.txt"
+      timeout 40 "$py" benchmarks/ppo_update.py --device cpu --n-envs 16 \
+        --episode-epochs 8 2>&1 | tee "$out/ppo_update_cpu.txt" ;;
     gpu)
       timeout 80 "$py" benchmarks/gpu.py --device "$device" --hosts predecessor --n-envs 4 16 \
         --epochs 1 2>&1 | tee "$out/gpu_bench.txt"
