@@ -19,6 +19,7 @@ from esper.tolaria.epoch import run_epoch
 from esper.tolaria.host_training import HostTraining
 from tests.benchmarks.loading import load_benchmark
 from tests.kasmina.factories import FAST
+from tests.trainers import quiet_trainer
 
 
 def _load():  # type: ignore[no-untyped-def]
@@ -161,15 +162,7 @@ def tiny_fit(timer: L.Callback, root: Path, updates: int = 3) -> None:
         input_shape=[3, 8, 8], n_classes=4, n_train=64, n_val=32, batch_size=16
     )
     module = PPOModule(n_envs=4, episode_epochs=3, host_kwargs={"channels": [4, 8]})
-    trainer = L.Trainer(
-        default_root_dir=root,
-        max_epochs=updates,
-        logger=False,
-        callbacks=[timer],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-    )
+    trainer = quiet_trainer(root, updates, callbacks=[timer])
     trainer.fit(module, datamodule=data)
 
 

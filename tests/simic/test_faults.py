@@ -18,6 +18,7 @@ from esper.contracts.rollout import StepBatch
 from esper.simic.module import PPOModule, RunFailure
 from esper.tolaria.data import DataSplits, SyntheticImageDataModule
 from tests.mdp.envs import small_data
+from tests.trainers import quiet_trainer
 
 #: Faults are planted during this update (0-based), after update 0 was checkpointed.
 FAULTY_UPDATE = 1
@@ -51,13 +52,11 @@ def _fit(
     module = PPOModule(
         n_envs=2, episode_epochs=3, host_kwargs={"channels": [4, 8]}, **module_kwargs
     )
-    trainer = L.Trainer(
-        max_epochs=max_epochs,
-        default_root_dir=root,
+    trainer = quiet_trainer(
+        root,
+        max_epochs,
         callbacks=[*default_checkpoints(), *callbacks],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+        enable_checkpointing=True,
     )
     trainer.fit(module, datamodule=datamodule or small_data(), ckpt_path=ckpt_path)
     return module

@@ -17,6 +17,7 @@ from esper.simic.module import PPOModule
 from esper.simic.ppo import PPOConfig
 from tests.mdp.envs import small_data
 from tests.tolaria.stacking import count_stacked_steps
+from tests.trainers import quiet_trainer
 
 EPISODE_EPOCHS = 3
 
@@ -51,14 +52,12 @@ def _fit(
     L.seed_everything(0, verbose=False)
     recorder = ReturnRecorder()
     module = _module(engine)
-    trainer = L.Trainer(
-        max_epochs=max_epochs,
+    trainer = quiet_trainer(
+        root,
+        max_epochs,
         max_steps=-1 if stop_after is None else stop_after * STEPS_PER_UPDATE,
-        default_root_dir=root,
         callbacks=[*default_checkpoints(), recorder],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        logger=False,
+        enable_checkpointing=True,
     )
     trainer.fit(module, datamodule=small_data(), ckpt_path=ckpt_path)
     return module, recorder.returns
@@ -145,9 +144,7 @@ def test_a_checkpoint_from_another_setup_is_refused_with_the_difference(tmp_path
     _fit(tmp_path, max_epochs=1)
     L.seed_everything(0, verbose=False)
     other = PPOModule(n_envs=2, episode_epochs=EPISODE_EPOCHS, host_kwargs={"channels": [4, 8, 8]})
-    trainer = L.Trainer(
-        max_epochs=2, default_root_dir=tmp_path, logger=False, enable_progress_bar=False
-    )
+    trainer = quiet_trainer(tmp_path, 2)
     with pytest.raises(CheckpointError, match="slots"):
         trainer.fit(
             other, datamodule=small_data(), ckpt_path=str(tmp_path / "checkpoints" / "last.ckpt")
@@ -167,14 +164,7 @@ def test_configs_passed_as_dataclasses_save_as_plain_mappings_and_rebuild(tmp_pa
         ppo=PPOConfig(lr=1e-3),
         lifecycle=LifecycleConfig(min_training_epochs=1),
     )
-    trainer = L.Trainer(
-        max_epochs=1,
-        default_root_dir=tmp_path,
-        callbacks=default_checkpoints(),
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(tmp_path, callbacks=default_checkpoints(), enable_checkpointing=True)
     trainer.fit(module, datamodule=small_data())
     path = tmp_path / "checkpoints" / "last.ckpt"
 
