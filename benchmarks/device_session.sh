@@ -2,7 +2,7 @@
 # Issue 35's device checks in ONE call of the `device` tool, for a session whose 15 minutes
 # of device time must hold the machine's start too (a minute or two). Parts, each under
 # its own timeout, run in the order ESPER_DEVICE_PARTS names them. All eleven take up to
-# 1620 s, more than one call's 600: the default, "tests profile cuda_side", takes up to
+# 1720 s, more than one call's 600: the default, "tests profile cuda_side", takes up to
 # 490 s, which with a start (about 100 s) leaves about 300 s for a second call: "cpu_side
 # cpu_stacked" (the 16-core goal, and the engine that might reach it), or "cpu_profile
 # cpu_stacked", or "ppo gpu".
@@ -21,10 +21,11 @@
 #   launch     benchmarks/launch_strategies.py on CUDA (the ways an engine could launch,
 #              in plain PyTorch), then dispatch.py on CUDA, fresh and grown hosts
 #              (what was gpu_session.sh's beyond the tests and gpu parts)        180 s
-#   cuda_updates  update_profile.py on CUDA, 16 envs: seconds an update from 3 pairs of
-#              fits of 4 and 1 updates. side_by_side's (3 - 1) / 2 could not resolve
-#              Esper's sub-second updates there (2026-11-27: fits of 1 and 3 updates
-#              both took about 24 s, a negative figure once)                    200 s
+#   cuda_updates  update_profile.py on CUDA, 16 envs: seconds an update from 2 pairs of
+#              fits of 4 and 1 updates, with the PPO update where the policy acts and
+#              then on a CPU copy (--model.learner_device cpu), phases of each first.
+#              side_by_side's (3 - 1) / 2 could not resolve Esper's sub-second updates
+#              there (2026-11-27: fits of 1 and 3 updates both took about 24 s) 300 s
 #   cuda_side  side_by_side.sh on CUDA, 16 envs, Esper's default engine, 2 rounds  220 s
 #   cpu_side   side_by_side.sh on the 16-core CPU, 4 envs, 3 rounds               170 s
 #   cpu_profile  benchmarks/update_profile.py on the 16-core CPU, 4 envs, 2 updates:
@@ -101,8 +102,11 @@ part() {
       timeout 30 "$py" benchmarks/dispatch.py --device "$device" --grown 2>&1 \
         | tee "$out/dispatch_grown.txt" ;;
     cuda_updates)
-      timeout 200 "$py" benchmarks/update_profile.py --device "$device" --n-envs 16 \
-        --updates 4 --repeats 3 2>&1 | tee "$out/cuda_updates.txt" ;;
+      timeout 150 "$py" benchmarks/update_profile.py --device "$device" --n-envs 16 \
+        --updates 4 --repeats 2 2>&1 | tee "$out/cuda_updates.txt"
+      timeout 150 "$py" benchmarks/update_profile.py --device "$device" --n-envs 16 \
+        --updates 4 --repeats 2 -- --model.learner_device cpu 2>&1 \
+        | tee "$out/cuda_updates_learner_cpu.txt" ;;
     cuda_side)
       ESPER_SIDE_DEVICE=cuda ESPER_CPU_ENVS=16 ESPER_CPU_ROUNDS=2 ESPER_SIDE_TIMEOUT=220 \
         bash benchmarks/cpu_session.sh run ;;

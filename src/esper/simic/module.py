@@ -37,6 +37,7 @@ from esper.simic.checkpoint_contents import (
     policy_spec,
 )
 from esper.simic.hooks import RolloutHooks, governor_among
+from esper.simic.learner import LearnerCopy, check_learner_run, parse_learner_device
 from esper.simic.normalizer import NormalizerConfig, RunningObsNormalizer
 from esper.simic.ppo import PPOConfig, make_optimizer, ppo_update
 from esper.simic.ppo_collector import PPOCollector
@@ -101,6 +102,11 @@ class PPOModule(LightningModule):
             network mapped over them, in fewer kernel launches (not with ``compile`` or
             ``amp=fp16``); ``auto`` (default): stacked where every host is on a GPU,
             per_env elsewhere.
+        learner_device: where the PPO update runs: None (default) where the policy acts
+            (the hosts' device); ``cpu`` on a copy of the policy on the CPU while it acts
+            on the GPU, for an update of many small operators that a GPU's launching
+            thread would pay for one by one (``esper.simic.learner``). One process,
+            ``32-true`` precision.
     """
 
     def __init__(
@@ -124,6 +130,7 @@ class PPOModule(LightningModule):
         amp: str = "off",
         devices: list[str] | None = None,
         engine: str = "auto",
+        learner_device: str | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -153,6 +160,10 @@ class PPOModule(LightningModule):
         self.normalizer_config = as_config(NormalizerConfig, normalizer)
         check_ent_coef_final(ent_coef_final)
         self.ent_coef_final = ent_coef_final
+        self.learner_device = parse_learner_device(learner_device)
+        #: The policy's copy that the update trains, on ``learner_device``; None: the
+        #: update trains the acting policy itself.
+        self._learner: LearnerCopy | None = None
         self.policy: PolicyNetwork | None = None
         self._obs_dim = 0
         self.normalizer: RunningObsNormalizer | None = None
@@ -174,6 +185,7 @@ class PPOModule(LightningModule):
                 f"passed as Trainer.fit(..., datamodule=...), got {type(datamodule).__name__}"
             )
         validate_run(self, datamodule, self.trainer.world_size)
+        check_learner_run(self.learner_device, self.trainer.world_size, str(self.trainer.precision))
         strategy = self.trainer.strategy
         device = strategy.root_device
         world, rank = self.trainer.world_size, self.trainer.global_rank
@@ -194,6 +206,8 @@ class PPOModule(LightningModule):
         assert self.policy is not None and self.normalizer is not None
         self.policy.to(device)
         self.normalizer.to(device)
+        if self.learner_device is not None and self._learner is None:
+            self._learner = LearnerCopy(self.policy, self.learner_device)
         buffer = RolloutBuffer(
             self.env.n_envs,
             self.env.decisions_per_episode,
@@ -241,7 +255,8 @@ class PPOModule(LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         assert self.policy is not None, "setup() builds the policy before the optimizer"
-        return make_optimizer(self.policy, self.ppo_config)
+        learning = self.policy if self._learner is None else self._learner.policy
+        return make_optimizer(learning, self.ppo_config)
 
     # ------------------------------------------------------------------ training
     def training_step(self, batch: Any, batch_idx: int) -> None:
@@ -273,16 +288,22 @@ class PPOModule(LightningModule):
         lr = self._lr()
         for group in optimizer.param_groups:  # type: ignore[union-attr]
             group["lr"] = lr
+        policy, batch, learner = self.policy, self._batch, self._learner
+        if learner is not None:  # the update trains the copy, from the policy's weights
+            learner.pull(self.policy)
+            policy, batch = learner.policy, batch.to(learner.device)
         with intra_op_threads(self.policy_config.cpu_threads):
             stats = ppo_update(
-                self.policy,
+                policy,
                 optimizer,  # type: ignore[arg-type]
-                self._batch,
+                batch,
                 self.ppo_config,
                 ent_coef=self._ent_coef(),
                 generator=self._generator,
                 backward=self.manual_backward,
             )
+        if learner is not None:
+            learner.push(self.policy)
         names = sorted(stats)
         values = read_packed(torch.stack([stats[n].float() for n in names]))
         metrics = {f"ppo/{n}": float(v) for n, v in zip(names, values, strict=True)}

@@ -100,6 +100,22 @@ class PPOBatch:
         h, c = self.hidden
         return (h[:, 0].transpose(0, 1).contiguous(), c[:, 0].transpose(0, 1).contiguous())
 
+    def to(self, device: torch.device) -> PPOBatch:
+        """The batch on ``device`` (itself where it already is there)."""
+        if self.obs.device == device:
+            return self
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in fields(self)
+            if f.name not in ("masks", "hidden", "unbroken")
+        }
+        return PPOBatch(
+            **moved,
+            masks=self.masks.to(device),
+            hidden=(self.hidden[0].to(device), self.hidden[1].to(device)),
+            unbroken=self.unbroken,
+        )
+
     def select_envs(self, env_idx: Tensor) -> PPOBatch:
         """The sub-batch of envs ``env_idx`` (long, on the batch's device), sequences whole,
         with their stored states and restart flags."""
