@@ -5,26 +5,15 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 
-from esper.callbacks.base import EsperCallback
-from esper.callbacks.checkpoint import default_checkpoints
 from esper.contracts.config_errors import ConfigError
 from esper.simic.learner import LearnerCopy, check_learner_run
 from esper.simic.module import PPOModule
 from tests.mdp.envs import small_data
-from tests.simic.test_resume import STEPS_PER_UPDATE
+from tests.simic.recorded_fit import recorded_fit
 from tests.trainers import quiet_trainer
-
-
-class ReturnRecorder(EsperCallback):
-    def __init__(self) -> None:
-        self.returns: list[float] = []
-
-    def on_ppo_update_end(self, trainer, pl_module, metrics) -> None:  # type: ignore[no-untyped-def]
-        self.returns.append(metrics["train/episode_return"])
 
 
 def _fit(
@@ -35,21 +24,9 @@ def _fit(
     stop_after: int | None = None,
     accelerator: str = "cpu",
 ) -> tuple[PPOModule, list[float]]:
-    L.seed_everything(0, verbose=False)
-    recorder = ReturnRecorder()
-    module = PPOModule(
-        n_envs=2, episode_epochs=3, host_kwargs={"channels": [4, 8]}, learner_device=learner_device
+    return recorded_fit(
+        root, max_epochs, ckpt_path, stop_after, accelerator, learner_device=learner_device
     )
-    trainer = quiet_trainer(
-        root,
-        max_epochs,
-        max_steps=-1 if stop_after is None else stop_after * STEPS_PER_UPDATE,
-        callbacks=[*default_checkpoints(), recorder],
-        enable_checkpointing=True,
-        accelerator=accelerator,
-    )
-    trainer.fit(module, datamodule=small_data(), ckpt_path=ckpt_path)
-    return module, recorder.returns
 
 
 def _assert_same_weights(a: PPOModule, b: PPOModule) -> None:

@@ -11,56 +11,13 @@ import lightning as L
 import pytest
 import torch
 
-from esper.callbacks.base import EsperCallback
 from esper.callbacks.checkpoint import CheckpointError, EsperCheckpointIO, default_checkpoints
 from esper.simic.module import PPOModule
 from esper.simic.ppo import PPOConfig
 from tests.mdp.envs import small_data
+from tests.simic.recorded_fit import EPISODE_EPOCHS, recorded_fit
 from tests.tolaria.stacking import count_stacked_steps
 from tests.trainers import quiet_trainer
-
-EPISODE_EPOCHS = 3
-
-
-class ReturnRecorder(EsperCallback):
-    def __init__(self) -> None:
-        self.returns: list[float] = []
-
-    def on_ppo_update_end(self, trainer, pl_module, metrics) -> None:  # type: ignore[no-untyped-def]
-        self.returns.append(metrics["train/episode_return"])
-
-
-def _module(engine: str = "per_env") -> PPOModule:
-    return PPOModule(
-        n_envs=2, episode_epochs=EPISODE_EPOCHS, host_kwargs={"channels": [4, 8]}, engine=engine
-    )
-
-
-#: Optimiser steps in one PPO update with the default PPOConfig: an update's worth of
-#: ``max_steps`` stops a run after that many updates without changing ``max_epochs``, on
-#: which the learning-rate annealing depends (an interrupted run, not a shorter one).
-STEPS_PER_UPDATE = PPOConfig().update_epochs * PPOConfig().n_minibatches
-
-
-def _fit(
-    root: Path,
-    max_epochs: int,
-    ckpt_path: str | None = None,
-    stop_after: int | None = None,
-    engine: str = "per_env",
-) -> tuple[PPOModule, list[float]]:
-    L.seed_everything(0, verbose=False)
-    recorder = ReturnRecorder()
-    module = _module(engine)
-    trainer = quiet_trainer(
-        root,
-        max_epochs,
-        max_steps=-1 if stop_after is None else stop_after * STEPS_PER_UPDATE,
-        callbacks=[*default_checkpoints(), recorder],
-        enable_checkpointing=True,
-    )
-    trainer.fit(module, datamodule=small_data(), ckpt_path=ckpt_path)
-    return module, recorder.returns
 
 
 @pytest.mark.slow
@@ -71,13 +28,11 @@ def test_resume_continues_exactly_where_the_run_stopped(
     """Either engine: the stacked one keeps nothing between epochs but the envs' own
     tensors, so a checkpoint between updates holds all it needs."""
     stacked_steps = count_stacked_steps(monkeypatch)
-    straight, straight_returns = _fit(tmp_path / "straight", max_epochs=3, engine=engine)
-    _, first_returns = _fit(tmp_path / "split", max_epochs=3, stop_after=2, engine=engine)
+    straight, straight_returns = recorded_fit(tmp_path / "straight", 3, engine=engine)
+    _, first_returns = recorded_fit(tmp_path / "split", 3, stop_after=2, engine=engine)
     assert len(first_returns) == 2, "the interrupted run must stop after two updates"
     assert (tmp_path / "split" / "checkpoints" / "last.ckpt").is_file()
-    resumed, resumed_returns = _fit(
-        tmp_path / "split", max_epochs=3, ckpt_path="last", engine=engine
-    )
+    resumed, resumed_returns = recorded_fit(tmp_path / "split", 3, "last", engine=engine)
 
     assert first_returns + resumed_returns == straight_returns
     assert bool(stacked_steps) == (engine == "stacked")  # the engine ran where asked
@@ -86,7 +41,7 @@ def test_resume_continues_exactly_where_the_run_stopped(
 
 
 def test_a_best_policy_copy_is_kept_beside_last(tmp_path: Path) -> None:
-    _fit(tmp_path, max_epochs=2)
+    recorded_fit(tmp_path, 2)
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert "last.ckpt" in names
     assert any(n.startswith("best-") for n in names), names
@@ -141,7 +96,7 @@ def test_a_missing_checkpoint_is_named_in_the_error(tmp_path: Path) -> None:
 
 
 def test_a_checkpoint_from_another_setup_is_refused_with_the_difference(tmp_path: Path) -> None:
-    _fit(tmp_path, max_epochs=1)
+    recorded_fit(tmp_path, 1)
     L.seed_everything(0, verbose=False)
     other = PPOModule(n_envs=2, episode_epochs=EPISODE_EPOCHS, host_kwargs={"channels": [4, 8, 8]})
     trainer = quiet_trainer(tmp_path, 2)
@@ -154,7 +109,6 @@ def test_a_checkpoint_from_another_setup_is_refused_with_the_difference(tmp_path
 def test_configs_passed_as_dataclasses_save_as_plain_mappings_and_rebuild(tmp_path: Path) -> None:
     from esper.evaluation.evaluate import load_module
     from esper.kasmina import LifecycleConfig
-    from esper.simic.ppo import PPOConfig
 
     L.seed_everything(0, verbose=False)
     module = PPOModule(
