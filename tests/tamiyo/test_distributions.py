@@ -6,9 +6,16 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from esper.host_reads import HostReadCounter
-from esper.tamiyo.distributions import MaskedCategorical, ensure_any_legal, masked_logits
+from esper.tamiyo.distributions import (
+    MaskedCategorical,
+    ensure_any_legal,
+    masked_logits,
+    padded_heads,
+)
 
 #: Samples drawn when checking empirical frequencies; the tolerance below fits this count.
 N_SAMPLES = 20_000
@@ -125,3 +132,64 @@ def test_rejects_mismatched_or_non_bool_masks() -> None:
         MaskedCategorical(torch.zeros(2, 3), torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(TypeError, match="bool"):
         MaskedCategorical(torch.zeros(2, 3), torch.ones(2, 3))
+
+
+# ------------------------------------------------------------------ padded heads
+def _heads(
+    widths: list[int], batch: int, seed: int, illegal: float = 0.5
+) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """Logits (with gradients) and masks of heads of ``widths``, every head with an
+    all-illegal row and an all-legal one, and an action per head and row."""
+    g = torch.Generator().manual_seed(seed)
+    logits = [(torch.randn(batch, k, generator=g) * 3).requires_grad_() for k in widths]
+    masks = [torch.rand(batch, k, generator=g) >= illegal for k in widths]
+    for mask in masks:
+        mask[0] = False
+        mask[1] = True
+    actions = torch.stack([torch.randint(0, k, (batch,), generator=g) for k in widths], -1)
+    return logits, masks, actions
+
+
+def _per_head(
+    logits: list[torch.Tensor], masks: list[torch.Tensor], actions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plain reference: one MaskedCategorical per head, stacked ``[B, H]``."""
+    dists = [MaskedCategorical(x, m) for x, m in zip(logits, masks, strict=True)]
+    log_prob = torch.stack([d.log_prob(actions[:, h]) for h, d in enumerate(dists)], -1)
+    return log_prob, torch.stack([d.entropy() for d in dists], -1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    widths=st.lists(st.integers(1, 9), min_size=1, max_size=5),
+    batch=st.integers(2, 12),
+    seed=st.integers(0, 2**16),
+)
+def test_padded_heads_score_as_each_head_alone(widths: list[int], batch: int, seed: int) -> None:
+    """Log-probs, entropies and their gradients, whatever the widths, all-illegal rows too."""
+    logits, masks, actions = _heads(widths, batch, seed)
+    want_lp, want_ent = _per_head(logits, masks, actions)
+    want_grads = torch.autograd.grad((want_lp.sum() + want_ent.sum()), logits)
+    dist = padded_heads(logits, masks)
+    got_lp, got_ent = dist.log_prob(actions), dist.entropy()
+    got_grads = torch.autograd.grad((got_lp.sum() + got_ent.sum()), logits)
+    torch.testing.assert_close(got_lp, want_lp, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(got_ent, want_ent, atol=1e-6, rtol=1e-6)
+    for got, want in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
+def test_padding_never_takes_probability() -> None:
+    logits, masks, _ = _heads([2, 5, 3], batch=6, seed=0)
+    probs = padded_heads(logits, masks).probs  # [B, 3, 5]
+    assert torch.equal(probs[:, 0, 2:], torch.zeros(6, 3))
+    assert torch.equal(probs[:, 2, 3:], torch.zeros(6, 2))
+    torch.testing.assert_close(probs.sum(-1), torch.ones(6, 3))
+
+
+def test_padded_heads_need_one_mask_per_head() -> None:
+    logits, masks, _ = _heads([2, 3], batch=2, seed=0)
+    with pytest.raises(ValueError, match="one mask per head"):
+        padded_heads(logits, masks[:1])
+    with pytest.raises(ValueError, match="at least one head"):
+        padded_heads([], [])

@@ -15,7 +15,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -80,3 +83,34 @@ class MaskedCategorical:
         """Entropy ``[*B]`` over the legal entries only."""
         p_log_p = torch.where(self.mask, self.probs * self.log_probs, 0.0)
         return -p_log_p.sum(dim=-1)
+
+
+def padded_heads(logits: Sequence[Tensor], masks: Sequence[Tensor]) -> MaskedCategorical:
+    """Categoricals of different widths, ``logits[h] [*B, K_h]`` under ``masks[h]``, as one
+    :class:`MaskedCategorical` over ``[*B, H, max K_h]``; it takes actions ``[*B, H]``.
+
+    Each head is padded with illegal entries, whose probability is exactly 0, so each
+    head's log-probabilities and entropy are those of its own categorical (up to the
+    order of a float sum: the padding adds exact zeros). A row with no legal entry is made
+    all-legal, padding included, as ``ensure_any_legal`` does alone; the padding keeps its
+    lowest logit there, so it still takes probability 0. Why:
+    the heads then score in one set of operators, not one set each; a PPO update scores
+    four heads every minibatch (``PolicyNetwork._scored_heads``).
+
+    Raises:
+        ValueError: the two sequences differ in length or are empty.
+    """
+    if len(logits) != len(masks) or not logits:
+        raise ValueError(
+            f"padded_heads needs one mask per head and at least one head, got "
+            f"{len(logits)} logits and {len(masks)} masks"
+        )
+    width = max(head.shape[-1] for head in logits)
+    lowest = torch.finfo(logits[0].dtype).min
+    padded_logits = torch.stack(
+        [F.pad(head, (0, width - head.shape[-1]), value=lowest) for head in logits], dim=-2
+    )
+    padded_masks = torch.stack(
+        [F.pad(mask, (0, width - mask.shape[-1]), value=False) for mask in masks], dim=-2
+    )
+    return MaskedCategorical(padded_logits, padded_masks)
