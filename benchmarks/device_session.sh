@@ -2,10 +2,11 @@
 # Issue 35's device checks in ONE call of the `device` tool, for a session whose 15 minutes
 # of device time must hold the machine's start too (a minute or two). Parts, each under
 # its own timeout, run in the order ESPER_DEVICE_PARTS names them. All eleven take up to
-# 1720 s, more than one call's 600: the default, "tests profile cuda_side", takes up to
-# 490 s, which with a start (about 100 s) leaves about 300 s for a second call: "cpu_side
-# cpu_stacked" (the 16-core goal, and the engine that might reach it), or "cpu_profile
-# cpu_stacked", or "ppo gpu".
+# 1720 s, more than one call's 600: the default, "tests cuda_updates ppo", takes up to
+# 490 s (whether the PPO update on the CPU, --model.learner_device cpu, makes a CUDA
+# update faster, and Esper's steady seconds an update there), which with a start (about
+# 100 s) leaves about 300 s for a second call: "cuda_side" (esper-lite's figure beside
+# Esper's), or "cpu_side cpu_stacked" (the 16-core goal), or "profile".
 #   tests      every CUDA test (stacked against per-env, streams, AMP, reads, the
 #              fused replay, the auto engine in rollouts, the profile's tally)   90 s
 #   profile    benchmarks/update_profile.py on CUDA, 16 envs, 2 updates: where an
@@ -120,7 +121,7 @@ part() {
   esac
 }
 
-for name in ${ESPER_DEVICE_PARTS:-tests profile cuda_side}; do
+for name in ${ESPER_DEVICE_PARTS:-tests cuda_updates ppo}; do
   case $name in *_side) [ "$device" = cuda ] || continue ;; esac
   echo "== $name"
   part "$name"
