@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from esper.contracts import ActionSchema
 from esper.simic.buffer import RolloutBuffer
+from esper.simic.ppo_batch import PPOBatch
 from esper.tamiyo.action_masks import ActionMasks
 
 E, T, D, H = 3, 5, 6, 4
@@ -238,3 +241,34 @@ def test_a_rollout_of_one_episode_an_env_is_unbroken_until_a_reset_or_a_restore(
     buf.invalidate(1, 2, keep=3)  # env 1's kept step 3 moves to 2, flagged a restart
     batch = buf.finish(torch.zeros(E), 0.99, 0.95)
     assert not batch.unbroken and batch.hidden_restarts.any()
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_a_batch_split_into_parts_holds_the_rows_a_selection_would_as_views(parts: int) -> None:
+    """The PPO update shuffles its batch once an epoch and cuts it into minibatches: the
+    same rows as selecting each minibatch's envs, without copying them."""
+    buf = _buffer()
+    _fill(buf, seed=3)
+    batch = buf.finish(torch.zeros(E), 0.99, 0.95)
+    pieces = batch.split_envs(parts)
+    assert len(pieces) == parts
+    for piece, env_idx in zip(pieces, torch.arange(E).tensor_split(parts), strict=True):
+        want = batch.select_envs(env_idx)
+        assert piece.unbroken == want.unbroken
+        for got, expected in zip(_tensors(piece), _tensors(want), strict=True):
+            assert torch.equal(got, expected)
+        assert piece.obs.untyped_storage().data_ptr() == batch.obs.untyped_storage().data_ptr()
+
+
+def _tensors(batch: PPOBatch) -> list[torch.Tensor]:
+    """Every tensor of ``batch``, masks and LSTM states included, in field order."""
+    out: list[torch.Tensor] = []
+    for f in dataclasses.fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, ActionMasks):
+            out.extend(dataclasses.astuple(value))
+        elif isinstance(value, tuple):
+            out.extend(value)
+        elif isinstance(value, torch.Tensor):
+            out.append(value)
+    return out

@@ -346,9 +346,9 @@ def ppo_update(
     for _ in range(config.update_epochs):
         epoch_kl = torch.zeros((), device=device)
         env_order = torch.randperm(batch.n_envs, generator=generator)
-        for env_idx in env_order.tensor_split(config.n_minibatches):
-            mb = batch.select_envs(env_idx.to(device, non_blocking=True))
-
+        # Shuffled once an epoch, then cut: one gather a field, not one a minibatch.
+        shuffled = batch.select_envs(env_order.to(device, non_blocking=True))
+        for mb in shuffled.split_envs(config.n_minibatches):
             new_log_prob, entropy, new_value = policy.evaluate(
                 mb.obs,
                 mb.hidden0,

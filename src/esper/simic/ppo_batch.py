@@ -116,6 +116,28 @@ class PPOBatch:
             unbroken=self.unbroken,
         )
 
+    def split_envs(self, parts: int) -> list[PPOBatch]:
+        """``parts`` sub-batches of consecutive envs, sizes as ``Tensor.tensor_split``
+        gives them, every field a view of this batch's (no copy)."""
+        per_field = {
+            f.name: getattr(self, f.name).tensor_split(parts)
+            for f in fields(self)
+            if f.name not in ("masks", "hidden", "unbroken")
+        }
+        per_mask = {
+            f.name: getattr(self.masks, f.name).tensor_split(parts) for f in fields(self.masks)
+        }
+        h, c = (state.tensor_split(parts) for state in self.hidden)
+        return [
+            PPOBatch(
+                **{name: pieces[k] for name, pieces in per_field.items()},
+                masks=ActionMasks(**{name: pieces[k] for name, pieces in per_mask.items()}),
+                hidden=(h[k], c[k]),
+                unbroken=self.unbroken,
+            )
+            for k in range(parts)
+        ]
+
     def select_envs(self, env_idx: Tensor) -> PPOBatch:
         """The sub-batch of envs ``env_idx`` (long, on the batch's device), sequences whole,
         with their stored states and restart flags."""
