@@ -272,3 +272,17 @@ def _tensors(batch: PPOBatch) -> list[torch.Tensor]:
         elif isinstance(value, torch.Tensor):
             out.append(value)
     return out
+
+
+def test_a_batch_moves_whole_to_another_device_and_stays_where_it_is() -> None:
+    """What a learner copy on another device trains on (``PPOModule(learner_device=...)``):
+    every tensor moved, shapes and dtypes kept (here to ``meta``, which any machine has)."""
+    buf = _buffer()
+    _fill(buf, seed=4)
+    batch = buf.finish(torch.zeros(E), 0.99, 0.95)
+    assert batch.to(torch.device("cpu")) is batch
+    moved = batch.to(torch.device("meta"))
+    assert moved.unbroken == batch.unbroken
+    for got, there in zip(_tensors(moved), _tensors(batch), strict=True):
+        assert got.device.type == "meta"
+        assert (got.shape, got.dtype) == (there.shape, there.dtype)
