@@ -93,9 +93,9 @@ def padded_heads(logits: Sequence[Tensor], masks: Sequence[Tensor]) -> MaskedCat
     head's log-probabilities and entropy are those of its own categorical (up to the
     order of a float sum: the padding adds exact zeros). A row with no legal entry is made
     all-legal, padding included, as ``ensure_any_legal`` does alone; the padding keeps its
-    lowest logit there, so it still takes probability 0. Why:
-    the heads then score in one set of operators, not one set each; a PPO update scores
-    four heads every minibatch (``PolicyNetwork._scored_heads``).
+    lowest logit there, so it still takes probability 0. Why: the heads then score in one
+    set of operators, not one set each; a PPO update scores four heads every minibatch
+    (``PolicyNetwork._scored_heads``).
 
     Raises:
         ValueError: the two sequences differ in length or are empty.

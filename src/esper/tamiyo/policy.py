@@ -311,15 +311,15 @@ class PolicyNetwork(nn.Module):
         """Draw each head in order (the slot's row is the op's, the blueprint's the
         slot's); ``features [*B, H]``."""
 
-        def choose(dist: MaskedCategorical, head: int) -> Tensor:
+        def choose(dist: MaskedCategorical) -> Tensor:
             return dist.mode() if deterministic else dist.sample(generator)
 
         op_dist = MaskedCategorical(self.op_head(features), masks.op)
-        op = choose(op_dist, OP)
+        op = choose(op_dist)
 
         slot_logits = self.slot_head(features).unflatten(-1, (self.n_ops, self.n_slots))
         slot_dist = MaskedCategorical(select_row(slot_logits, op), select_row(masks.slot, op))
-        slot = choose(slot_dist, SLOT)
+        slot = choose(slot_dist)
 
         blueprint_logits = self.blueprint_head(features).unflatten(
             -1, (self.n_slots, self.n_blueprints)
@@ -327,10 +327,10 @@ class PolicyNetwork(nn.Module):
         blueprint_dist = MaskedCategorical(
             select_row(blueprint_logits, slot), select_row(masks.blueprint, slot)
         )
-        blueprint = choose(blueprint_dist, BLUEPRINT)
+        blueprint = choose(blueprint_dist)
 
         blend_dist = MaskedCategorical(self.blend_head(features), masks.blend)
-        blend = choose(blend_dist, BLEND)
+        blend = choose(blend_dist)
 
         chosen = torch.stack((op, slot, blueprint, blend), dim=-1)  # [*B, 4]
         dists = (op_dist, slot_dist, blueprint_dist, blend_dist)
