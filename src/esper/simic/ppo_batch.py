@@ -12,6 +12,7 @@ so the replay makes no host read.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
@@ -104,54 +105,29 @@ class PPOBatch:
         """The batch on ``device`` (itself where it already is there)."""
         if self.obs.device == device:
             return self
-        moved = {
-            f.name: getattr(self, f.name).to(device)
-            for f in fields(self)
-            if f.name not in ("masks", "hidden", "unbroken")
-        }
-        return PPOBatch(
-            **moved,
-            masks=self.masks.to(device),
-            hidden=(self.hidden[0].to(device), self.hidden[1].to(device)),
-            unbroken=self.unbroken,
-        )
+        return self._map(lambda t: t.to(device))
 
     def split_envs(self, parts: int) -> list[PPOBatch]:
         """``parts`` sub-batches of consecutive envs, sizes as ``Tensor.tensor_split``
         gives them, every field a view of this batch's (no copy)."""
-        per_field = {
-            f.name: getattr(self, f.name).tensor_split(parts)
-            for f in fields(self)
-            if f.name not in ("masks", "hidden", "unbroken")
-        }
-        per_mask = {
-            f.name: getattr(self.masks, f.name).tensor_split(parts) for f in fields(self.masks)
-        }
-        h, c = (state.tensor_split(parts) for state in self.hidden)
-        return [
-            PPOBatch(
-                **{name: pieces[k] for name, pieces in per_field.items()},
-                masks=ActionMasks(**{name: pieces[k] for name, pieces in per_mask.items()}),
-                hidden=(h[k], c[k]),
-                unbroken=self.unbroken,
-            )
-            for k in range(parts)
-        ]
+        return [self._map(lambda t, k=k: t.tensor_split(parts)[k]) for k in range(parts)]
 
     def select_envs(self, env_idx: Tensor) -> PPOBatch:
         """The sub-batch of envs ``env_idx`` (long, on the batch's device), sequences whole,
         with their stored states and restart flags."""
-        per_env = {
-            f.name: getattr(self, f.name).index_select(0, env_idx)
+        return self._map(lambda t: t.index_select(0, env_idx))
+
+    def _map(self, fn: Callable[[Tensor], Tensor]) -> PPOBatch:
+        """``fn`` applied to every tensor (masks and stored states included); ``fn`` must
+        keep the env dim first."""
+        per_field = {
+            f.name: fn(getattr(self, f.name))
             for f in fields(self)
             if f.name not in ("masks", "hidden", "unbroken")
         }
         return PPOBatch(
-            **per_env,
-            masks=self.masks.index_envs(env_idx),
-            hidden=(
-                self.hidden[0].index_select(0, env_idx),
-                self.hidden[1].index_select(0, env_idx),
-            ),
+            **per_field,
+            masks=self.masks.map(fn),
+            hidden=(fn(self.hidden[0]), fn(self.hidden[1])),
             unbroken=self.unbroken,
         )

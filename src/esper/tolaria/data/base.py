@@ -356,17 +356,13 @@ class _BatchRows(Dataset):
     def __init__(self, dataset: TensorDataset, device: torch.device | None = None) -> None:
         tensors = dataset.tensors
         self.tensors = tensors if device is None else tuple(t.to(device) for t in tensors)
-        self.device = device
         self._length = len(dataset)
 
     def __len__(self) -> int:
         return self._length
 
     def __getitem__(self, indices: list[int]) -> tuple[torch.Tensor, ...]:
-        if self.device is None:
-            index = torch.as_tensor(indices, dtype=torch.long)
-        else:
-            index = index_on(self.device, indices)
+        index = index_on(self.tensors[0].device, indices)
         return tuple(tensor.index_select(0, index) for tensor in self.tensors)
 
 
