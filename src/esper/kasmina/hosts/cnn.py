@@ -17,6 +17,7 @@ from esper.kasmina.hosts.base import (
     check_widening_factor,
     integer_roundings,
 )
+from esper.kasmina.hosts.folded import per_channel_folded
 from esper.kasmina.lifecycle import LifecycleConfig
 from esper.kasmina.slot import SeedSlot, SlotOutput
 from esper.kasmina.widening import (
@@ -222,10 +223,11 @@ class CNNHost(CrossEntropyHost):
 
     @contextmanager
     def mapped(self) -> Iterator[None]:
-        """Under ``vmap`` no channels-last conversion (vmap refuses it) and no pooling
-        shortcut: a mapped tensor does not say it needs a gradient, and the shortcut's
-        backward would split a tied window's gradient where ``F.max_pool2d`` gives it
-        to the first maximum. The stages' ReLUs run out of place: a mapped activation is
+        """Under ``vmap`` no channels-last conversion (vmap refuses it), and pooling runs
+        on the envs folded into channels (``esper.kasmina.hosts.folded``), where the
+        unwrapped map says whether it needs a gradient (a mapped one does not, and the
+        CPU's pooling shortcut would split a tied window's gradient where
+        ``F.max_pool2d`` gives it to the first maximum). The stages' ReLUs run out of place: a mapped activation is
         a view of the group's stacked one (the folded batch norm's output), and an
         in-place op on a view makes autograd keep a copy of the slices it wrote, a
         clone and copies in every backward (on a launch-bound GPU, 15 of a fresh
@@ -270,7 +272,8 @@ class CNNHost(CrossEntropyHost):
         return logits if extra is None else logits + slots[-1].consume(self._features(extra))
 
     def _pool(self, h: Tensor) -> Tensor:
-        return F.max_pool2d(h, POOL) if self._mapped else max_pool_2x2(h)
+        # Mapped, the envs are folded into channels: the stacked map pools where it lies.
+        return per_channel_folded(h, max_pool_2x2) if self._mapped else max_pool_2x2(h)
 
     @staticmethod
     def _features(h: Tensor) -> Tensor:
