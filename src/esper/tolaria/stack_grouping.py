@@ -31,8 +31,49 @@ MIN_GROUP = 2
 Named = tuple[dict[str, Tensor], dict[str, Tensor]]
 
 
-def named_tensors(model: HostModel) -> Named:
+def named_tensors(model: nn.Module | None) -> Named:
+    if model is None:
+        return {}, {}
     return dict(model.named_parameters()), dict(model.named_buffers())
+
+
+@dataclass(frozen=True)
+class SlotTensors:
+    """One slot's seed and gate tensors, each by its name in that module (none where the
+    slot has no seed or no gate)."""
+
+    seed: Named
+    gate: Named
+
+    @classmethod
+    def of(cls, slot: SeedSlot) -> SlotTensors:
+        return cls(named_tensors(slot.seed), named_tensors(slot.gate))
+
+    def seed_parameters(self) -> list[Tensor]:
+        """The seed's parameters, then its gate's (``SeedSlot.seed_parameters``' order)."""
+        return [*self.seed[0].values(), *self.gate[0].values()]
+
+    def ids(self, *parts: Named) -> set[int]:
+        """The ids of every parameter and buffer of ``parts`` (this slot's seed, gate)."""
+        return {id(t) for part in parts for tensors in part for t in tensors.values()}
+
+
+@dataclass(frozen=True)
+class HostTensors:
+    """A host's parameters and buffers by name, and each slot's seed and gate tensors, read
+    once. Why: each ``parameters()`` or ``buffers()`` call walks a module tree, and the
+    grouping and a group's set-up asked each seed and gate for its tensors several times
+    an epoch (16 envs, side-by-side work: about 2 700 walks an epoch, most of the CPU time
+    a group's set-up took); read here, a host costs two walks and four a slot."""
+
+    named: Named
+    #: By slot id.
+    slots: dict[str, SlotTensors]
+
+    @classmethod
+    def of(cls, model: HostModel) -> HostTensors:
+        slots = {slot.slot_id: SlotTensors.of(slot) for slot in model.iter_slots()}
+        return cls(named_tensors(model), slots)
 
 
 @dataclass(frozen=True)
@@ -42,7 +83,7 @@ class EnvView:
     ``named_parameters`` does) cost more than everything else they do (16 envs, default
     fit: 17 ms an epoch with a walk per lookup, 7 ms with one per env)."""
 
-    named: Named
+    tensors: HostTensors
     #: Per parameter (by id): :func:`_optimizer_settings`.
     settings: dict[int, tuple[float, float, float]]
     #: The tensors (by id) a group may zero-pad: :func:`paddable_tensors`.
@@ -53,7 +94,7 @@ class EnvView:
     @classmethod
     def of(cls, env: GrowingHost) -> EnvView:
         return cls(
-            named_tensors(env.model),
+            HostTensors.of(env.model),
             _optimizer_settings(env),
             paddable_tensors(env.model),
             pads_exactly(env.model),
@@ -82,7 +123,7 @@ def stack_key(env: GrowingHost, view: EnvView | None = None) -> Hashable:
     model = env.model
     view = view or EnvView.of(env)
     settings = view.settings
-    params, buffers = trained_tensors(model, view.named)
+    params, buffers = trained_tensors(model, view.tensors)
     params_key = tuple(
         (name, _size(p, view), p.dtype, p.requires_grad, settings.get(id(p)))
         for name, p in params.items()
@@ -109,48 +150,46 @@ BLEND_STAGES = frozenset({SeedStage.BLENDING, SeedStage.HOLDING})
 
 
 def trained_tensors(
-    model: HostModel, named: Named | None = None, optional: Named | None = None
+    model: HostModel, tensors: HostTensors | None = None, optional: Named | None = None
 ) -> Named:
     """The parameters and buffers, by name, that a training step of ``model`` uses and a
     group's members all have: all but those no pass of the step runs (seeds and their
     gates in :data:`IDLE_STAGES`; the gate of a seed in TRAINING, which its incubation
     runs at full strength, ungated) and those of :func:`optional_tensors` (``optional``,
-    where the caller has them)."""
-    named = named or named_tensors(model)
-    optional_params, optional_buffers = optional or optional_tensors(model, named)
+    where the caller has them). ``tensors``: the host's, where the caller has read them."""
+    tensors = tensors or HostTensors.of(model)
+    optional_params, optional_buffers = optional or optional_tensors(model, tensors)
     left_out = {id(t) for t in (*optional_params.values(), *optional_buffers.values())}
     for slot in model.iter_slots():
+        mine = tensors.slots[slot.slot_id]
         if slot.seed is None:
             continue
         if slot.stage in IDLE_STAGES:
-            idle = (slot.seed, slot.gate)
+            left_out.update(mine.ids(mine.seed, mine.gate))
         elif slot.stage is SeedStage.TRAINING:
-            idle = (slot.gate,)
-        else:
-            continue
-        for module in idle:
-            if module is not None:
-                left_out.update(id(t) for t in module.parameters())
-                left_out.update(id(t) for t in module.buffers())
+            left_out.update(mine.ids(mine.gate))
+    named = tensors.named
     params = {name: p for name, p in named[0].items() if id(p) not in left_out}
     buffers = {name: b for name, b in named[1].items() if id(b) not in left_out}
     return params, buffers
 
 
-def optional_tensors(model: HostModel, named: Named | None = None) -> Named:
+def optional_tensors(model: HostModel, tensors: HostTensors | None = None) -> Named:
     """The parameters and buffers, by name, that a group's members need not all have: the
     gates of :func:`gate_tensors` (a member without one runs the template's as 1), the
     seeds blending in (:func:`blending_slots`: a member without one runs the template's
     at alpha 0), and the seeds in TRAINING (not their gates: no pass runs those). The
     host's pass goes through a seed in TRAINING; only the incubation pass runs it, for
-    every member of the group, scaled by 0 on the rows of a member without it."""
-    named = named or named_tensors(model)
-    params = {id(p) for p in gate_tensors(model, named).values()}
+    every member of the group, scaled by 0 on the rows of a member without it.
+    ``tensors``: the host's, where the caller has read them."""
+    tensors = tensors or HostTensors.of(model)
+    named = tensors.named
+    params = {id(p) for p in gate_tensors(model, tensors).values()}
     buffers: set[int] = set()
     for slot in (*blending_slots(model), *incubating_slots(model)):
-        assert slot.seed is not None  # both list seeded slots
-        params.update(id(p) for p in slot.seed.parameters())
-        buffers.update(id(b) for b in slot.seed.buffers())
+        seed_params, seed_buffers = tensors.slots[slot.slot_id].seed
+        params.update(id(p) for p in seed_params.values())
+        buffers.update(id(b) for b in seed_buffers.values())
     return (
         {name: p for name, p in named[0].items() if id(p) in params},
         {name: b for name, b in named[1].items() if id(b) in buffers},
@@ -164,17 +203,18 @@ def blending_slots(model: HostModel) -> list[SeedSlot]:
     ]
 
 
-def gate_tensors(model: HostModel, named: Named | None = None) -> dict[str, Tensor]:
+def gate_tensors(model: HostModel, tensors: HostTensors | None = None) -> dict[str, Tensor]:
     """The parameters, by name, of the gates the forward multiplies by (a seed in
-    :data:`GATE_STAGES` that has one): a group's members need not all have them."""
+    :data:`GATE_STAGES` that has one): a group's members need not all have them.
+    ``tensors``: the host's, where the caller has read them."""
+    tensors = tensors or HostTensors.of(model)
     gates = {
         id(p)
         for slot in model.iter_slots()
         if slot.seed is not None and slot.gate is not None and slot.stage in GATE_STAGES
-        for p in slot.gate.parameters()
+        for p in tensors.slots[slot.slot_id].gate[0].values()
     }
-    named = named or named_tensors(model)
-    return {name: p for name, p in named[0].items() if id(p) in gates}
+    return {name: p for name, p in tensors.named[0].items() if id(p) in gates}
 
 
 #: Stages whose seed leaves a slot's key (:func:`_slot_key`): the step does not run it, or
@@ -238,8 +278,8 @@ def _size(tensor: Tensor, view: EnvView) -> Hashable:
 
 def _padded_sizes(env: GrowingHost, view: EnvView) -> dict[str, tuple[int, ...]]:
     """The shape of every tensor a step of ``env`` uses that a group may pad, by name."""
-    optional = optional_tensors(env.model, view.named)
-    trained = trained_tensors(env.model, view.named, optional)
+    optional = optional_tensors(env.model, view.tensors)
+    trained = trained_tensors(env.model, view.tensors, optional)
     return {
         name: tuple(t.shape)
         for part in (trained, optional)
@@ -297,15 +337,15 @@ def optional_signature(env: GrowingHost, view: EnvView | None = None) -> dict[st
         return (_size(p, view), p.dtype, p.requires_grad, settings.get(id(p)))
 
     def seed(slot: SeedSlot) -> Hashable:
-        assert slot.seed is not None  # blending_slots and incubating_slots list seeded slots
+        params, buffers = view.tensors.slots[slot.slot_id].seed
         return (
             type(slot.seed),
             slot.lifecycle.blueprint,
-            tuple((name, param(p)) for name, p in slot.seed.named_parameters()),
-            tuple((name, _size(b, view), b.dtype) for name, b in slot.seed.named_buffers()),
+            tuple((name, param(p)) for name, p in params.items()),
+            tuple((name, _size(b, view), b.dtype) for name, b in buffers.items()),
         )
 
-    gates = gate_tensors(env.model, view.named)
+    gates = gate_tensors(env.model, view.tensors)
     signature: dict[str, Hashable] = {name: param(p) for name, p in gates.items()}
     for slot in blending_slots(env.model):
         signature[slot.slot_id] = seed(slot)

@@ -77,9 +77,9 @@ from esper.tolaria.stack_grouping import (
     IDLE_STAGES,
     MIN_GROUP,
     EnvView,
+    HostTensors,
     blending_slots,
     gate_tensors,
-    named_tensors,
     optional_signature,
     optional_tensors,
     trained_tensors,
@@ -125,19 +125,21 @@ class StackedGroup:
         lead = next((g for g, sig in enumerate(signatures) if every <= sig.keys()), None)
         if lead is None:
             self.template, slot_owners = _built_template(self.envs, signatures)
-            template_named = named_tensors(self.template)
+            template_tensors = HostTensors.of(self.template)
         else:
             self.template = self.envs[lead].model
             slot_owners = {slot_id: self.envs[lead] for slot_id in self.template.slot_ids}
-            template_named = views[lead].named
+            template_tensors = views[lead].tensors
+        template_named = template_tensors.named
+        template_slots = template_tensors.slots
         names = {id(p): name for name, p in template_named[0].items()}
         #: Per env, the parameters and buffers its step uses, by name: the same names for
         #: every member, but for the optional ones it lacks (an idle seed's are left out,
         #: and with them the template's, whose own tensors the swap keeps but
         #: the forward does not run).
-        optional = [optional_tensors(e.model, v.named) for e, v in zip(envs, views, strict=True)]
+        optional = [optional_tensors(e.model, v.tensors) for e, v in zip(envs, views, strict=True)]
         trained = [
-            trained_tensors(e.model, v.named, o)
+            trained_tensors(e.model, v.tensors, o)
             for e, v, o in zip(envs, views, optional, strict=True)
         ]
         self._params = [t[0] | o[0] for t, o in zip(trained, optional, strict=True)]
@@ -181,14 +183,14 @@ class StackedGroup:
         self._optional = set.union(*names_of) - set.intersection(*names_of)
         #: The gates some member lacks, in the template's order: run as 1 on its row.
         self._partial_gates = [
-            name for name in gate_tensors(self.template, template_named) if name in self._optional
+            name for name in gate_tensors(self.template, template_tensors) if name in self._optional
         ]
         buffer_names = {id(b): name for name, b in template_named[1].items()}
         incubating = incubating_slots(self.template)
 
         def first_param(slot: SeedSlot) -> str | None:
-            assert slot.seed is not None  # blending_slots and incubating_slots list seeds
-            return next((names[id(p)] for p in slot.seed.parameters()), None)
+            seed_params = template_slots[slot.slot_id].seed[0].values()
+            return next((names[id(p)] for p in seed_params), None)
 
         def lacked(slots: Sequence[SeedSlot]) -> list[SeedSlot]:
             return [slot for slot in slots if first_param(slot) in self._optional]
@@ -206,12 +208,12 @@ class StackedGroup:
         incubated = [{slot.slot_id for slot in incubating_slots(e.model)} for e in self.envs]
 
         def mixed_slot(slot: SeedSlot) -> _MixedSlot:
-            assert slot.seed is not None  # blending_slots lists seeded slots
+            seed_params, seed_buffers = template_slots[slot.slot_id].seed
             blending = [e.model.slot(slot.slot_id).stage in BLEND_STAGES for e in self.envs]
             return _MixedSlot(
                 alpha=buffer_names[id(slot.alpha_tensor)],
-                params=[names[id(p)] for p in slot.seed.parameters()],
-                buffers=[buffer_names[id(b)] for b in slot.seed.buffers()],
+                params=[names[id(p)] for p in seed_params.values()],
+                buffers=[buffer_names[id(b)] for b in seed_buffers.values()],
                 blending=blending,
                 training=[slot.slot_id in ids for ids in incubated],
                 keeps_alpha=any(b and ids for b, ids in zip(blending, incubated, strict=True)),
@@ -260,7 +262,7 @@ class StackedGroup:
         by_slot = [
             [
                 names[id(p)]
-                for p in self.template.slot(slot_ids[s]).seed_parameters()
+                for p in template_slots[slot_ids[s]].seed_parameters()
                 if names[id(p)] in self._like_params
             ]
             for s in trained_slots
@@ -275,7 +277,9 @@ class StackedGroup:
         ]
         self._incubating = incubating
         self._incubating_names = {
-            names[id(p)] for slot in incubating for p in slot.seed_parameters()
+            names[id(p)]
+            for slot in incubating
+            for p in template_slots[slot.slot_id].seed_parameters()
         }
         #: What the incubation pass trains: the seeds in TRAINING, and a mixed slot's seed
         #: on its TRAINING rows, the others running it at alpha 0 there or, where one of
@@ -286,8 +290,7 @@ class StackedGroup:
         self._incubating_buffers = {
             buffer_names[id(b)]
             for slot in incubating
-            if slot.seed is not None
-            for b in slot.seed.buffers()
+            for b in template_slots[slot.slot_id].seed[1].values()
         }
         #: The template's batch norms, run with the envs folded into channels
         #: (``esper.tolaria.stacked_norm``): one fused kernel each, as each env's own step.
@@ -795,7 +798,8 @@ def _owners_by_name(
         for group in optimizer.param_groups:
             for p in group["params"]:
                 owners[id(p)] = optimizer
-    return {name: (owners[id(p)], p) for name, p in view.named[0].items() if id(p) in owners}
+    named = view.tensors.named[0]
+    return {name: (owners[id(p)], p) for name, p in named.items() if id(p) in owners}
 
 
 def _momentum_of(optimizer: torch.optim.Optimizer, param: Tensor) -> Tensor | None:
