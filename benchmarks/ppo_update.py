@@ -1,15 +1,17 @@
 """What one PPO update costs: seconds and kernel-launching operators, per replay path.
 
 The update replays every minibatch's recurrent states (``PolicyNetwork.evaluate``).
-A rollout is one episode an env, so unless a governor restore broke a chain
-(``PPOBatch.unbroken``), the LSTM replays whole sequences in one fused call; otherwise
-it steps through them in Python, a cell, a reset and two stacks a step. This collects
-one real rollout (``benchmarks/rollout.py``'s collector: digits, the default CNN host,
-a fresh policy, ``--episode-epochs`` host epochs) and times ``ppo_update`` with the
-default ``PPOConfig`` on it both ways, on the same batch and from the same policy:
+A rollout is one episode an env, so its chains of states break only where a governor
+restore broke them; the buffer lists where (``PPOBatch.breaks``), and the LSTM replays the
+stretches between in one fused call. A batch that lists nothing steps through in Python,
+a cell, a reset and two stacks a step. This collects one real rollout
+(``benchmarks/rollout.py``'s collector: digits, the default CNN host, a fresh policy,
+``--episode-epochs`` host epochs) and times ``ppo_update`` with the default ``PPOConfig``
+on it three ways, on the same batch and from the same policy:
 
-- *fused*: the batch as the buffer made it (``unbroken`` when no restore broke it);
-- *step loop*: the same batch with ``unbroken=False``.
+- *one call*: the batch as the buffer made it;
+- *one call, restores*: as if a restore had hit every fourth env halfway (:func:`restored`);
+- *step loop*: the batch with ``breaks=None``.
 
 Seconds are the median over ``--repeats`` updates after one warm-up, on ``--threads``
 intra-op threads; kernel ops are counted in one more update (``dispatch.py``'s
@@ -27,6 +29,7 @@ import copy
 import dataclasses
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 from dispatch import KernelOps
@@ -35,17 +38,37 @@ from rollout import build, synchronize
 from esper.simic.ppo import PPOConfig, make_optimizer, ppo_update
 from esper.simic.ppo_batch import PPOBatch
 
-#: The two replay paths, by whether the batch claims an unbroken chain of states.
-PATHS = {"fused": True, "step loop": False}
+
+def restored(batch: PPOBatch) -> PPOBatch:
+    """``batch`` as a governor restore of every fourth env halfway through leaves it: the
+    kept step and the next flagged restarts, and listed among the breaks. Each acts from
+    its stored state, which here is the state it acted from anyway, so every replay of
+    this batch computes the same figures; only the replay's work differs."""
+    assert batch.breaks is not None  # the buffer lists them
+    hit, half = range(0, batch.n_envs, 4), batch.obs.shape[1] // 2
+    cuts = [t for t in (half, half + 1) if 0 < t < batch.obs.shape[1]]
+    restarts = batch.hidden_restarts.clone()
+    restarts[list(hit), half : half + len(cuts)] = True
+    breaks = tuple(
+        tuple(sorted({*mine, *cuts})) if e in hit else mine for e, mine in enumerate(batch.breaks)
+    )
+    return dataclasses.replace(batch, hidden_restarts=restarts, breaks=breaks)
+
+
+#: The replay paths: what each makes of the collected batch.
+PATHS: dict[str, Callable[[PPOBatch], PPOBatch]] = {
+    "one call": lambda batch: batch,
+    "one call, restores": restored,
+    "step loop": lambda batch: dataclasses.replace(batch, breaks=None),
+}
 
 
 def measure(
-    batch: PPOBatch, policy: torch.nn.Module, unbroken: bool, repeats: int, device: torch.device
+    batch: PPOBatch, policy: torch.nn.Module, repeats: int, device: torch.device
 ) -> tuple[float, int]:
     """Median seconds of ``repeats`` updates and the kernel ops of one, each update from a
-    copy of ``policy`` with a fresh optimizer, on ``batch`` with ``unbroken`` set."""
+    copy of ``policy`` with a fresh optimizer, on ``batch``."""
     config = PPOConfig()
-    batch = dataclasses.replace(batch, unbroken=unbroken)
 
     def fresh() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         copied = copy.deepcopy(policy)
@@ -93,11 +116,8 @@ def main() -> None:
         torch.manual_seed(0)
         collector = build(n_envs, rollout_args, device)
         batch, _ = collector.collect_batch(0)
-        for path, unbroken in PATHS.items():
-            if unbroken and not batch.unbroken:
-                print(f"| {n_envs} | {batch.obs.shape[1]} | {path} | n/a (a restore) | |")
-                continue
-            seconds, ops = measure(batch, collector.policy, unbroken, args.repeats, device)
+        for path, made in PATHS.items():
+            seconds, ops = measure(made(batch), collector.policy, args.repeats, device)
             print(
                 f"| {n_envs} | {batch.obs.shape[1]} | {path} | {seconds:.3f} | {ops} |",
                 flush=True,

@@ -6,6 +6,8 @@ import dataclasses
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from esper.contracts import ActionSchema
 from esper.simic.buffer import RolloutBuffer
@@ -20,7 +22,9 @@ def _buffer() -> RolloutBuffer:
     return RolloutBuffer(E, T, D, SCHEMA, (1, H), "cpu")
 
 
-def _step(buf: RolloutBuffer, g: torch.Generator, start: bool = False) -> list[int]:
+def _step(
+    buf: RolloutBuffer, g: torch.Generator, start: bool = False, active: list[bool] | None = None
+) -> list[int]:
     masks = ActionMasks.all_legal(SCHEMA, (E,))
     hidden = (torch.randn(1, E, H, generator=g), torch.randn(1, E, H, generator=g))
     obs = torch.randn(E, D, generator=g)
@@ -33,6 +37,7 @@ def _step(buf: RolloutBuffer, g: torch.Generator, start: bool = False) -> list[i
         masks,
         hidden,
         start,
+        active,
     )
 
 
@@ -220,20 +225,21 @@ def test_a_kept_transition_must_lie_between_the_dropped_position_and_the_cursor(
 
 
 def test_a_rollout_of_one_episode_an_env_is_unbroken_until_a_reset_or_a_restore() -> None:
-    """``PPOBatch.unbroken`` (the replay may run the LSTM in one call) holds while every
-    env's state chains from its step 0: an episode start later, or a governor restore,
-    breaks it until the next rollout."""
+    """``PPOBatch.breaks`` says where each env's chain of states breaks (the replay runs
+    the stretches between in one LSTM call): nowhere while every env's state chains from
+    its step 0; an episode start later, or a governor restore, breaks it there."""
     buf = _buffer()
     _fill(buf, seed=0)
     batch = buf.finish(torch.zeros(E), 0.99, 0.95)
-    assert batch.unbroken
-    assert batch.select_envs(torch.tensor([2, 0])).unbroken
+    assert batch.unbroken and batch.breaks == ((),) * E
+    assert batch.select_envs(torch.tensor([2, 0])).breaks == ((), ())
 
     buf.reset()
     g = torch.Generator().manual_seed(1)
     _step(buf, g, start=True)
     _step(buf, g, start=True)  # a second episode starts at step 1
-    assert not buf.finish(torch.zeros(E), 0.99, 0.95).unbroken
+    batch = buf.finish(torch.zeros(E), 0.99, 0.95)
+    assert not batch.unbroken and batch.breaks == ((1,),) * E
 
     buf.reset()
     _fill(buf, seed=2)
@@ -241,6 +247,38 @@ def test_a_rollout_of_one_episode_an_env_is_unbroken_until_a_reset_or_a_restore(
     buf.invalidate(1, 2, keep=3)  # env 1's kept step 3 moves to 2, flagged a restart
     batch = buf.finish(torch.zeros(E), 0.99, 0.95)
     assert not batch.unbroken and batch.hidden_restarts.any()
+    assert batch.breaks == ((), (2,), ())
+    _step(buf, g, active=[False, True, False])  # it acts from the restored state: a break
+    assert buf.finish(torch.zeros(E), 0.99, 0.95).breaks == ((), (2, 3), ())
+    assert batch.select_envs(torch.tensor([1, 0])).breaks == ((2,), ())
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 2), st.integers(0, E - 1), st.integers(0, T)), max_size=12)
+)
+def test_a_batchs_breaks_are_where_its_flags_break_the_chain_of_states(
+    moves: list[tuple[int, int, int]],
+) -> None:
+    """Whatever steps, episode starts and restores a rollout went through, the breaks the
+    buffer kept host-side are the valid steps after step 0 flagged an episode start or a
+    hidden restart on the device: where the step-by-step replay leaves the chain."""
+    buf = _buffer()
+    g = torch.Generator().manual_seed(0)
+    _step(buf, g, start=True)
+    for kind, env, at in moves:
+        if kind < 2 and min(buf.pos) < T:
+            _step(buf, g, start=kind == 1, active=[p < T for p in buf.pos])
+        elif kind == 2 and buf.pos[env] > 1:
+            from_step = min(at, buf.pos[env] - 1)
+            keep = buf.pos[env] - 1 if at % 2 else None
+            buf.invalidate(env, from_step, keep)
+    if min(buf.pos) == 0:
+        return
+    batch = buf.finish(torch.zeros(E), 0.99, 0.95)
+    flagged = (batch.episode_starts | batch.hidden_restarts) & batch.valid
+    want = tuple(tuple(int(t) for t in row[1:].nonzero().flatten() + 1) for row in flagged)
+    assert batch.breaks == want
 
 
 @pytest.mark.parametrize("parts", [1, 2, 3])
@@ -254,7 +292,7 @@ def test_a_batch_split_into_parts_holds_the_rows_a_selection_would_as_views(part
     assert len(pieces) == parts
     for piece, env_idx in zip(pieces, torch.arange(E).tensor_split(parts), strict=True):
         want = batch.select_envs(env_idx)
-        assert piece.unbroken == want.unbroken
+        assert piece.breaks == want.breaks
         for got, expected in zip(_tensors(piece), _tensors(want), strict=True):
             assert torch.equal(got, expected)
         assert piece.obs.untyped_storage().data_ptr() == batch.obs.untyped_storage().data_ptr()
@@ -267,7 +305,7 @@ def _tensors(batch: PPOBatch) -> list[torch.Tensor]:
         value = getattr(batch, f.name)
         if isinstance(value, ActionMasks):
             out.extend(dataclasses.astuple(value))
-        elif isinstance(value, tuple):
+        elif isinstance(value, tuple) and f.name != "breaks":
             out.extend(value)
         elif isinstance(value, torch.Tensor):
             out.append(value)
@@ -282,7 +320,7 @@ def test_a_batch_moves_whole_to_another_device_and_stays_where_it_is() -> None:
     batch = buf.finish(torch.zeros(E), 0.99, 0.95)
     assert batch.to(torch.device("cpu")) is batch
     moved = batch.to(torch.device("meta"))
-    assert moved.unbroken == batch.unbroken
+    assert moved.breaks == batch.breaks
     for got, there in zip(_tensors(moved), _tensors(batch), strict=True):
         assert got.device.type == "meta"
         assert (got.shape, got.dtype) == (there.shape, there.dtype)

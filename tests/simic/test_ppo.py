@@ -48,11 +48,18 @@ def _stored_states(acted_from: list[LSTMState]) -> LSTMState:
 
 
 def _rollout_batch(
-    policy: PolicyNetwork, n_envs: int = 8, n_steps: int = 5, seed: int = 0, unbroken: bool = False
+    policy: PolicyNetwork,
+    n_envs: int = 8,
+    n_steps: int = 5,
+    seed: int = 0,
+    unbroken: bool = False,
+    breaks_known: bool = False,
 ) -> PPOBatch:
     """A batch from real act() calls with random masks, starts, rewards, a few invalid steps
     and a few hidden restarts (steps acting from a stored state, as after a restore); with
-    ``unbroken``, one episode an env from step 0 and no restart, and the batch says so."""
+    ``unbroken``, one episode an env from step 0 and no restart, and the batch says so;
+    with ``breaks_known`` it lists where each env's chain of states breaks, as a buffer
+    does (``PPOBatch.breaks``)."""
     g = torch.Generator().manual_seed(seed)
     hidden = policy.initial_state(n_envs)
     obs, starts, step_masks, actions, log_probs, values = [], [], [], [], [], []
@@ -78,6 +85,8 @@ def _rollout_batch(
         actions.append(result.actions)
         log_probs.append(result.log_prob)
         values.append(result.value)
+    broken = (torch.stack(starts, 1) | torch.stack(restarts, 1))[:, 1:]
+    breaks = tuple(tuple(int(t) + 1 for t in row.nonzero().flatten()) for row in broken)
     valid = torch.ones(n_envs, n_steps, dtype=torch.bool)
     valid[0, 1:3] = False  # dropped mid-sequence (a rollback)
     valid[1, -2:] = False  # dropped at the tail
@@ -93,7 +102,7 @@ def _rollout_batch(
         episode_starts=torch.stack(starts, 1),
         hidden_restarts=torch.stack(restarts, 1),
         valid=valid,
-        unbroken=unbroken,
+        breaks=breaks if unbroken or breaks_known else None,
     )
 
 
@@ -209,7 +218,7 @@ def test_an_unbroken_batch_updates_the_policy_as_the_step_by_step_replay_does() 
             stats = ppo_update(
                 policy,
                 make_optimizer(policy, config),
-                dataclasses.replace(batch, unbroken=flag),
+                batch if flag else dataclasses.replace(batch, breaks=None),
                 config,
                 generator=torch.Generator().manual_seed(0),
             )
@@ -224,6 +233,33 @@ def test_an_unbroken_batch_updates_the_policy_as_the_step_by_step_replay_does() 
     assert any(name.startswith("lstm") for name in moved)  # the update trained the LSTM
     for name, param in stepped.items():
         torch.testing.assert_close(fused[name], param, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_a_batch_that_lists_its_breaks_updates_the_policy_as_the_step_by_step_replay_does() -> None:
+    """Restores and resets after step 0 cut the chains of states; knowing where
+    (``PPOBatch.breaks``), the replay runs the stretches between them in one LSTM call a
+    minibatch, each from its stored state, and the update is the step loop's within float
+    rounding."""
+    batch = _rollout_batch(make_policy(), n_steps=12, breaks_known=True)
+    assert batch.breaks is not None and sum(map(len, batch.breaks)) >= 8
+    config = PPOConfig(update_epochs=2)
+    policies, ops = [], []
+    for breaks in (None, batch.breaks):
+        policy = make_policy()
+        with OpCounter() as counter:
+            ppo_update(
+                policy,
+                make_optimizer(policy, config),
+                dataclasses.replace(batch, breaks=breaks),
+                config,
+                generator=torch.Generator().manual_seed(0),
+            )
+        policies.append(policy)
+        ops.append(counter.total)
+    assert ops[1] < ops[0] / 2, ops  # the replay's LSTM ran in one call a minibatch
+    stepped, segmented = (dict(p.named_parameters()) for p in policies)
+    for name, param in stepped.items():
+        torch.testing.assert_close(segmented[name], param, atol=1e-5, rtol=1e-5, msg=name)
 
 
 def test_update_makes_no_host_reads_without_target_kl() -> None:

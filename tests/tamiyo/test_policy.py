@@ -12,6 +12,7 @@ from esper.contracts import ActionSchema, BlendMode, LifecycleOp
 from esper.host_reads import HostReadCounter
 from esper.tamiyo.action_masks import ActionMasks
 from esper.tamiyo.policy import BLEND, BLUEPRINT, OP, SLOT, PolicyConfig, PolicyNetwork
+from esper.tamiyo.replay_segments import segment_layout
 from tests.ops import OpCounter
 from tests.tamiyo.factories import OBS_DIM, SCHEMA, make_policy, random_masks
 
@@ -177,7 +178,7 @@ def test_an_unbroken_replay_runs_the_lstm_in_one_call_as_act_stepped_it(layers: 
     for unbroken in (False, True):
         policy.zero_grad()
         log_prob, entropy, value = policy.evaluate(
-            data["obs"], hidden0, masks, data["actions"], data["starts"], unbroken=unbroken
+            data["obs"], hidden0, masks, data["actions"], data["starts"], breaks=_unbroken(unbroken)
         )
         torch.testing.assert_close(log_prob, data["log_prob"], atol=TOL, rtol=TOL)
         torch.testing.assert_close(entropy, data["entropy"], atol=TOL, rtol=TOL)
@@ -210,7 +211,12 @@ def test_on_cuda_the_unbroken_replay_is_the_step_loop_within_rounding() -> None:
         with warnings.catch_warnings(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
             warnings.simplefilter("error")  # no warning reaches the user from the call
             figures = policy.evaluate(
-                data["obs"], hidden0, masks, data["actions"], data["starts"], unbroken=unbroken
+                data["obs"],
+                hidden0,
+                masks,
+                data["actions"],
+                data["starts"],
+                breaks=_unbroken(unbroken),
             )
             sum(f.sum() for f in figures).backward()
         replays.append((figures, {n: p.grad.clone() for n, p in policy.named_parameters()}))
@@ -228,7 +234,12 @@ def test_an_unbroken_replay_launches_a_few_lstm_ops_not_a_loop_of_them() -> None
     for unbroken in (False, True):
         with OpCounter() as ops:
             log_prob, _, value = policy.evaluate(
-                data["obs"], hidden0, masks, data["actions"], data["starts"], unbroken=unbroken
+                data["obs"],
+                hidden0,
+                masks,
+                data["actions"],
+                data["starts"],
+                breaks=_unbroken(unbroken),
             )
             (log_prob.sum() + value.sum()).backward()
         counts.append(ops.total)
@@ -236,17 +247,23 @@ def test_an_unbroken_replay_launches_a_few_lstm_ops_not_a_loop_of_them() -> None
     assert counts[1] < counts[0] - 10 * 12, counts
 
 
-def test_evaluate_starts_flagged_steps_from_their_stored_state() -> None:
-    """After a governor restore an env acts from a stored state, not from its previous
-    step's output; given the flags and the stored states, the replay matches act, also
-    where a restart and an episode start fall on the same step (act reset after)."""
-    policy = make_policy(config=PolicyConfig(hidden_size=32, lstm_layers=2))
-    n_envs, n_steps = 4, 6
-    g = torch.Generator().manual_seed(3)
+def _unbroken(known: bool) -> tuple[tuple[int, ...], ...] | None:
+    """The breaks of the 5 envs of an unbroken rollout, where the caller says it knows."""
+    return ((),) * 5 if known else None
+
+
+def _restarted_rollout(
+    policy: PolicyNetwork, n_envs: int, n_steps: int, seed: int
+) -> tuple[dict[str, torch.Tensor], ActionMasks, tuple[torch.Tensor, torch.Tensor]]:
+    """Act with random governor restarts (a step acting from a stored state) and episode
+    starts, a restart and a start on one step included; what a buffer keeps, with the
+    states each step acted from, ``(h, c)`` each ``[E, T, layers, H]``."""
+    g = torch.Generator().manual_seed(seed)
     restarts = torch.rand(n_envs, n_steps, generator=g) < 0.4
     starts = torch.rand(n_envs, n_steps, generator=g) < 0.2
     restarts[0, 2], starts[0, 2] = True, True
     restarts[1, 3], starts[1, 3] = True, False
+    restarts[2, 1:], starts[2, 1:] = False, False  # one env unbroken
     hidden = policy.initial_state(n_envs)
     keep: dict[str, list[torch.Tensor]] = {k: [] for k in ("obs", "actions", "log_prob", "value")}
     step_masks, acted_from = [], []
@@ -268,31 +285,94 @@ def test_evaluate_starts_flagged_steps_from_their_stored_state() -> None:
             keep[key].append(value)
         step_masks.append(masks)
     data = {k: torch.stack(v, dim=1) for k, v in keep.items()}
-    masks = ActionMasks.stack(step_masks)
+    data["starts"], data["restarts"] = starts, restarts
     # As the buffer stores them: [E, T, layers, H].
     stored_hidden = tuple(
         torch.stack([state[i] for state in acted_from], 1).permute(2, 1, 0, 3) for i in (0, 1)
     )
+    return data, ActionMasks.stack(step_masks), stored_hidden  # type: ignore[return-value]
+
+
+def _breaks(data: dict[str, torch.Tensor]) -> tuple[tuple[int, ...], ...]:
+    """Per env, the steps after 0 flagged a restart or an episode start (``PPOBatch.breaks``)."""
+    broken = (data["starts"] | data["restarts"])[:, 1:]
+    return tuple(tuple(int(t) + 1 for t in row.nonzero().flatten()) for row in broken)
+
+
+def test_evaluate_starts_flagged_steps_from_their_stored_state() -> None:
+    """After a governor restore an env acts from a stored state, not from its previous
+    step's output; given the flags and the stored states, the replay matches act, also
+    where a restart and an episode start fall on the same step (act reset after)."""
+    policy = make_policy(config=PolicyConfig(hidden_size=32, lstm_layers=2))
+    data, masks, stored_hidden = _restarted_rollout(policy, 4, 6, seed=3)
+    hidden0 = tuple(s[:, 0].transpose(0, 1) for s in stored_hidden)
 
     def replay(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         log_prob, _, value = policy.evaluate(
             data["obs"],
-            acted_from[0],
+            hidden0,  # type: ignore[arg-type]
             masks,
             data["actions"],
-            starts,
+            data["starts"],
             hidden_restarts=flags,
             stored_hidden=stored_hidden,
         )
         return log_prob, value
 
-    log_prob, value = replay(restarts)
+    log_prob, value = replay(data["restarts"])
     torch.testing.assert_close(log_prob, data["log_prob"], atol=TOL, rtol=TOL)
     torch.testing.assert_close(value, data["value"], atol=TOL, rtol=TOL)
-    _, chained = replay(torch.zeros_like(restarts))
+    _, chained = replay(torch.zeros_like(data["restarts"]))
     assert not torch.allclose(chained, data["value"], atol=TOL)
     with pytest.raises(ValueError, match="together"):
-        policy.evaluate(data["obs"], acted_from[0], masks, data["actions"], starts, restarts)
+        policy.evaluate(
+            data["obs"], hidden0, masks, data["actions"], data["starts"], data["restarts"]
+        )
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_a_replay_cut_at_its_breaks_runs_the_lstm_in_one_call_as_the_step_loop_does(
+    layers: int,
+) -> None:
+    """Told where each env's chain of states breaks (``breaks``), the replay runs the
+    stretches between in one fused LSTM call, each from its stored state: act's figures,
+    and the step loop's gradients, within rounding, in fewer ops."""
+    policy = make_policy(config=PolicyConfig(hidden_size=32, lstm_layers=layers))
+    data, masks, stored_hidden = _restarted_rollout(policy, 4, 9, seed=7)
+    hidden0 = tuple(s[:, 0].transpose(0, 1) for s in stored_hidden)
+    breaks = _breaks(data)
+    assert breaks[2] == () and all(breaks[e] for e in (0, 1, 3))
+    replays, counts = [], []
+    for known in (None, breaks):
+        policy.zero_grad()
+        with OpCounter() as ops:
+            log_prob, entropy, value = policy.evaluate(
+                data["obs"],
+                hidden0,  # type: ignore[arg-type]
+                masks,
+                data["actions"],
+                data["starts"],
+                hidden_restarts=data["restarts"],
+                stored_hidden=stored_hidden,
+                breaks=known,
+            )
+            (log_prob.sum() + entropy.sum() + value.sum()).backward()
+        counts.append(ops.total)
+        torch.testing.assert_close(log_prob, data["log_prob"], atol=TOL, rtol=TOL)
+        torch.testing.assert_close(value, data["value"], atol=TOL, rtol=TOL)
+        replays.append({n: p.grad.clone() for n, p in policy.named_parameters()})
+    stepped, segmented = replays
+    for name, grad in stepped.items():
+        torch.testing.assert_close(segmented[name], grad, atol=TOL, rtol=TOL, msg=name)
+    assert counts[1] < counts[0] / 2, counts
+    with pytest.raises(ValueError, match="stored_hidden"):
+        policy.evaluate(data["obs"], hidden0, masks, data["actions"], data["starts"], breaks=breaks)
+
+
+@pytest.mark.parametrize("breaks", [((0,),), ((3, 2),), ((2, 2),), ((5,),)])
+def test_breaks_outside_a_sequence_or_out_of_order_are_refused(breaks: tuple) -> None:
+    with pytest.raises(ValueError, match=r"env 0: breaks must ascend strictly within \[1, 5\)"):
+        segment_layout(breaks, 5, torch.device("cpu"))
 
 
 def test_act_and_evaluate_make_no_host_reads() -> None:
@@ -327,7 +407,21 @@ def test_act_and_evaluate_make_no_host_reads() -> None:
             seq_masks,
             result.actions.unsqueeze(1).expand(n_envs, n_steps, 4),
             (torch.arange(n_steps) == 0).expand(n_envs, n_steps),  # episodes start at step 0
-            unbroken=True,
+            breaks=((),) * n_envs,
+        )
+        (log_prob.sum() + entropy.sum() + value.sum()).backward()
+        log_prob, entropy, value = policy.evaluate(  # cut where the chains break
+            obs.unsqueeze(1).expand(n_envs, n_steps, OBS_DIM),
+            hidden,
+            seq_masks,
+            result.actions.unsqueeze(1).expand(n_envs, n_steps, 4),
+            starts.unsqueeze(1).expand(n_envs, n_steps),
+            hidden_restarts=~starts.unsqueeze(1).expand(n_envs, n_steps),
+            stored_hidden=tuple(
+                s.transpose(0, 1).unsqueeze(1).expand(n_envs, n_steps, *s.shape[::2])
+                for s in result.hidden
+            ),
+            breaks=((1, 2),) * n_envs,
         )
         (log_prob.sum() + entropy.sum() + value.sum()).backward()
     assert counter.count == 0, counter.report()

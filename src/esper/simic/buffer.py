@@ -88,16 +88,17 @@ class RolloutBuffer:
         self.pos: list[int] = [0] * n_envs
         #: Per env: its next written step is a hidden restart (it follows an invalidate).
         self._restart_next: list[bool] = [False] * n_envs
-        #: Whether some env's recurrent state is reset after its step 0 or restored (a
-        #: governor rollback) this rollout: host-side, for ``PPOBatch.unbroken``.
-        self._broken = False
+        #: Per env, the positions after 0 written so far whose step does not continue
+        #: the state of the step before (an episode start, or a hidden restart after a
+        #: governor rollback): host-side, for ``PPOBatch.breaks``.
+        self._breaks: list[set[int]] = [set() for _ in range(n_envs)]
 
     # ----------------------------------------------------------------- writing
     def reset(self) -> None:
         """Start a new rollout: every cursor at 0, every step invalid."""
         self.pos = [0] * self.n_envs
         self._restart_next = [False] * self.n_envs
-        self._broken = False
+        self._breaks = [set() for _ in range(self.n_envs)]
         self.valid.zero_()
         self.terminated.zero_()
         self.truncated.zero_()
@@ -170,12 +171,16 @@ class RolloutBuffer:
         self.hidden_restarts[envs, steps] = False
         written = [-1] * self.n_envs
         for e in rows:
-            written[e] = self.pos[e]
-            if episode_start and self.pos[e] > 0:
-                self._broken = True
-            if self._restart_next[e]:
-                self.hidden_restarts[e, self.pos[e]] = True  # a device fill, no read
+            p = written[e] = self.pos[e]
+            restart = self._restart_next[e]
+            if restart:
+                self.hidden_restarts[e, p] = True  # a device fill, no read
                 self._restart_next[e] = False
+            # A restart at step 0 takes the state step 0 acts from anyway: no break.
+            if (episode_start or restart) and p > 0:
+                self._breaks[e].add(p)
+            else:
+                self._breaks[e].discard(p)
             self.pos[e] += 1
         return written
 
@@ -229,7 +234,10 @@ class RolloutBuffer:
         dropped = self.pos[env] - start
         self.pos[env] = start
         self._restart_next[env] = True
-        self._broken = True
+        breaks = self._breaks[env]
+        breaks.difference_update([p for p in breaks if p >= from_step])
+        if keep is not None and from_step > 0:
+            breaks.add(from_step)
         return dropped
 
     def _move(self, env: int, src: int, dst: int) -> None:
@@ -277,5 +285,8 @@ class RolloutBuffer:
             episode_starts=self.episode_starts,
             hidden_restarts=self.hidden_restarts,
             valid=self.valid,
-            unbroken=not self._broken,
+            breaks=tuple(
+                tuple(sorted(p for p in breaks if p < pos))
+                for breaks, pos in zip(self._breaks, self.pos, strict=True)
+            ),
         )

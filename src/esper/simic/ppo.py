@@ -347,7 +347,7 @@ def ppo_update(
         epoch_kl = torch.zeros((), device=device)
         env_order = torch.randperm(batch.n_envs, generator=generator)
         # Shuffled once an epoch, then cut: one gather a field, not one a minibatch.
-        shuffled = batch.select_envs(env_order.to(device, non_blocking=True))
+        shuffled = batch.select_envs(env_order)
         for mb in shuffled.split_envs(config.n_minibatches):
             new_log_prob, entropy, new_value = policy.evaluate(
                 mb.obs,
@@ -357,7 +357,7 @@ def ppo_update(
                 mb.episode_starts,
                 hidden_restarts=mb.hidden_restarts,
                 stored_hidden=mb.hidden,
-                unbroken=mb.unbroken,
+                breaks=mb.breaks,
             )
             losses = ppo_losses(mb, new_log_prob, entropy, new_value, config)
             loss = losses.policy - ent_coef * losses.entropy + config.vf_coef * losses.value

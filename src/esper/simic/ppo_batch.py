@@ -7,12 +7,14 @@ state it acted from, and the env's next transition acts from its snapshot's stat
 batch therefore carries every step's stored state (``hidden``) and a flag per step
 (``hidden_restarts``) saying "take the stored state here"; :meth:`PolicyNetwork.evaluate
 <esper.tamiyo.policy.PolicyNetwork.evaluate>` applies it with a ``torch.where`` per step,
-so the replay makes no host read.
+so the replay makes no host read. Where the flags are, and the episode starts after step
+0, the buffer knows host-side (``breaks``): the replay then runs the stretches between
+them in one fused LSTM call (``esper.tamiyo.replay_segments``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
 import torch
@@ -61,11 +63,12 @@ class PPOBatch:
     episode_starts: Tensor
     hidden_restarts: Tensor
     valid: Tensor
-    #: Host-side: no env's state is reset after step 0 or restored at all
-    #: (``episode_starts`` only at step 0, no ``hidden_restarts``), so the replay may run
-    #: the LSTM over whole sequences in one call (``PolicyNetwork.evaluate``'s
-    #: ``unbroken``). False claims nothing: the replay steps through.
-    unbroken: bool = False
+    #: Host-side, per env: the steps after step 0 whose state does not continue from the
+    #: step before (``episode_starts`` or ``hidden_restarts`` there), ascending, so the
+    #: replay may run the LSTM over the stretches between them in one call
+    #: (``PolicyNetwork.evaluate``'s ``breaks``). None claims nothing: the replay steps
+    #: through.
+    breaks: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         env_time = tuple(self.obs.shape[:2])
@@ -90,6 +93,16 @@ class PPOBatch:
                     f"PPOBatch.hidden tensors must be [E, T] = {env_time} + [layers, H], "
                     f"got {tuple(state.shape)}"
                 )
+        if self.breaks is not None and len(self.breaks) != env_time[0]:
+            raise ValueError(
+                f"PPOBatch.breaks lists {len(self.breaks)} envs, expected E = {env_time[0]}"
+            )
+
+    @property
+    def unbroken(self) -> bool:
+        """No env's state is reset after step 0 or restored at all: the replay runs whole
+        sequences in one LSTM call."""
+        return self.breaks is not None and not any(self.breaks)
 
     @property
     def n_envs(self) -> int:
@@ -105,29 +118,50 @@ class PPOBatch:
         """The batch on ``device`` (itself where it already is there)."""
         if self.obs.device == device:
             return self
-        return self._map(lambda t: t.to(device))
+        return self._map(lambda t: t.to(device), lambda: range(self.n_envs))
 
     def split_envs(self, parts: int) -> list[PPOBatch]:
         """``parts`` sub-batches of consecutive envs, sizes as ``Tensor.tensor_split``
         gives them, every field a view of this batch's (no copy)."""
-        return [self._map(lambda t, k=k: t.tensor_split(parts)[k]) for k in range(parts)]
+        size, larger = divmod(self.n_envs, parts)
+        ends = [k * size + min(k, larger) for k in range(parts + 1)]
+        return [
+            self._map(
+                lambda t, k=k: t.tensor_split(parts)[k], lambda k=k: range(ends[k], ends[k + 1])
+            )
+            for k in range(parts)
+        ]
 
-    def select_envs(self, env_idx: Tensor) -> PPOBatch:
-        """The sub-batch of envs ``env_idx`` (long, on the batch's device), sequences whole,
-        with their stored states and restart flags."""
-        return self._map(lambda t: t.index_select(0, env_idx))
+    def select_envs(self, order: Tensor) -> PPOBatch:
+        """The sub-batch of envs ``order`` (long, on the CPU), sequences whole, with their
+        stored states and restart flags. Where some env's chain of states breaks, its
+        ``breaks`` are picked host-side: ``order`` is read, a CPU tensor (no device wait)."""
+        if order.device.type != "cpu":
+            raise ValueError("PPOBatch.select_envs takes the envs' order on the CPU")
+        env_idx = order.to(self.obs.device, non_blocking=True)
+        return self._map(lambda t: t.index_select(0, env_idx), order.tolist)
 
-    def _map(self, fn: Callable[[Tensor], Tensor]) -> PPOBatch:
-        """``fn`` applied to every tensor (masks and stored states included); ``fn`` must
-        keep the env dim first."""
+    def _map(self, fn: Callable[[Tensor], Tensor], envs: Callable[[], Sequence[int]]) -> PPOBatch:
+        """``fn`` applied to every tensor (masks and stored states included), which then
+        holds ``envs()`` of this batch in that order (asked only where an env's chain of
+        states breaks); ``fn`` must keep the env dim first."""
         per_field = {
             f.name: fn(getattr(self, f.name))
             for f in fields(self)
-            if f.name not in ("masks", "hidden", "unbroken")
+            if f.name not in ("masks", "hidden", "breaks")
         }
         return PPOBatch(
             **per_field,
             masks=self.masks.map(fn),
             hidden=(fn(self.hidden[0]), fn(self.hidden[1])),
-            unbroken=self.unbroken,
+            breaks=self._breaks_of(envs, per_field["obs"].shape[0]),
         )
+
+    def _breaks_of(
+        self, envs: Callable[[], Sequence[int]], n_envs: int
+    ) -> tuple[tuple[int, ...], ...] | None:
+        if self.breaks is None:
+            return None
+        if not any(self.breaks):  # every subset is unbroken: no need to know which envs
+            return ((),) * n_envs
+        return tuple(self.breaks[e] for e in envs())

@@ -14,14 +14,14 @@ Hidden state is ``(h, c)``, each ``[lstm_layers, E, hidden_size]``. Both :meth:`
 and :meth:`evaluate` zero it for an env whose step starts a new episode, before that
 step's LSTM update, and :meth:`evaluate` takes the stored state at the steps a governor
 restore flagged, so the update replays what the rollout computed: exactly, step by step,
-or within float rounding in one fused LSTM call where nothing broke the chain of states.
+or within float rounding in one fused LSTM call over the unbroken stretches of states.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +31,7 @@ from esper.contracts import ActionSchema, LifecycleOp
 from esper.contracts.config_errors import owned_by, require_int, require_number
 from esper.tamiyo.action_masks import ActionMasks, select_row
 from esper.tamiyo.distributions import MaskedCategorical, padded_heads
+from esper.tamiyo.replay_segments import replay_in_segments
 
 #: ``(h, c)``, each ``[lstm_layers, E, hidden_size]``.
 LSTMState = tuple[Tensor, Tensor]
@@ -210,7 +211,7 @@ class PolicyNetwork(nn.Module):
         episode_starts: Tensor,
         hidden_restarts: Tensor | None = None,
         stored_hidden: LSTMState | None = None,
-        unbroken: bool = False,
+        breaks: Sequence[Sequence[int]] | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Replay stored sequences: ``obs [E, T, D]``, masks ``[E, T, ...]``, ``actions [E, T, 4]``.
 
@@ -224,20 +225,35 @@ class PolicyNetwork(nn.Module):
         step: no host read. Returns ``(log_prob, entropy, value)``, each ``[E, T]``, with
         gradients.
 
-        ``unbroken`` is the caller's word (host-side: the buffer knows it) that no state
-        is reset after step 0 or restored at all: ``episode_starts`` only at step 0, no
-        ``hidden_restarts``. The LSTM then replays whole sequences in one fused
-        call (:meth:`_recur_sequence`) instead of a Python step loop: the same function,
-        rounded differently (about 1e-7 on a CPU; on CUDA cuDNN's RNN computes in TF32
-        unless ``torch.backends.cudnn.rnn.fp32_precision`` says otherwise, so about 1e-3
-        there, which PPO's clipping absorbs), in a few kernels where the loop launched
-        about 45 a step, forward and backward.
+        ``breaks`` is the caller's word (host-side: the buffer knows it) of where each
+        env's chain of states breaks: per env, the steps after step 0 that start an
+        episode or are flagged in ``hidden_restarts`` (``PPOBatch.breaks``); None claims
+        nothing. Given it, the LSTM replays whole sequences, or the unbroken segments
+        between breaks, each from its stored state (``stored_hidden``;
+        ``esper.tamiyo.replay_segments``), in one fused call (:meth:`_recur_sequence`)
+        instead of a Python step loop: the same function, rounded differently (about 1e-7
+        on a CPU; on CUDA cuDNN's RNN computes in TF32 unless
+        ``torch.backends.cudnn.rnn.fp32_precision`` says otherwise, so about 1e-3 there,
+        which PPO's clipping absorbs), in a few kernels where the loop launched about 45 a
+        step, forward and backward.
         """
         if (hidden_restarts is None) != (stored_hidden is None):
             raise ValueError("evaluate: pass hidden_restarts and stored_hidden together")
         x = self.encoder(obs)  # [E, T, H]
-        if unbroken:  # step 0's reset, then no other: the flags after it are all False
+        if breaks is not None and not any(breaks):  # step 0's reset, then no other
             features = self._recur_sequence(x, _reset_hidden(hidden0, episode_starts[:, 0]))
+        elif breaks is not None:
+            if stored_hidden is None:
+                raise ValueError("evaluate: breaks need stored_hidden, the states to restart from")
+            features = replay_in_segments(
+                lambda rows, start, resets: self._recur_sequence(
+                    rows, _reset_hidden(start, resets)
+                ),
+                x,
+                stored_hidden,
+                episode_starts,
+                breaks,
+            )
         else:
             hidden = hidden0
             steps = []
