@@ -76,7 +76,7 @@ part() {
         | tee "$out/gpu_tests.txt" ;;
     profile)
       timeout 180 "$py" benchmarks/update_profile.py --device "$device" --n-envs 16 \
-        --updates 2 --repeats 1 --counts --trace 25 --top 15 2>&1 \
+        --updates 2 --repeats 1 --counts --trace 25 --top 40 2>&1 \
         | tee "$out/update_profile.txt" ;;
     cpu_profile)
       timeout 90 "$py" benchmarks/update_profile.py --device cpu --n-envs 4 --updates 2 \

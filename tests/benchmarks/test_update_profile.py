@@ -96,6 +96,22 @@ def test_cprofiles_top_lists_the_most_time_of_their_own_first() -> None:
     ]
 
 
+def test_esper_time_lists_esper_s_functions_by_time_inside_them_first() -> None:
+    stats = SimpleNamespace(
+        stats={
+            ("/v/site-packages/torch/nn/modules/module.py", 1, "a"): (1, 1, 0.5, 20.0, {}),
+            ("/x/src/esper/simic/ppo.py", 300, "ppo_update"): (1, 1, 0.9, 9.0, {}),
+            ("/x/src/esper/tolaria/snapshot.py", 46, "take"): (1, 1, 0.1, 3.0, {}),
+            ("/x/src/esper/cli/__init__.py", 41, "fit"): (1, 1, 0.0, 30.0, {}),
+        }
+    )
+    top = update_profile.esper_time(stats, 2)  # type: ignore[arg-type]
+    assert top == [
+        (9.0, "esper/simic/ppo.py:300(ppo_update)"),
+        (3.0, "esper/tolaria/snapshot.py:46(take)"),
+    ]
+
+
 def test_a_phase_tally_counts_kernels_reads_and_copies_under_every_running_phase() -> None:
     running: list[str] = []
     x = torch.arange(4.0)
