@@ -369,6 +369,44 @@ def test_a_replay_cut_at_its_breaks_runs_the_lstm_in_one_call_as_the_step_loop_d
         policy.evaluate(data["obs"], hidden0, masks, data["actions"], data["starts"], breaks=breaks)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_a_replay_cut_at_its_breaks_is_the_step_loop_within_rounding() -> None:
+    """cuDNN runs the segments' call there, from the stored states gathered on the device
+    and an index uploaded from pinned memory; figures and gradients are the loop's."""
+    policy = make_policy(config=PolicyConfig(hidden_size=32, lstm_layers=2))
+    data, masks, stored_hidden = _restarted_rollout(policy, 4, 9, seed=8)
+    breaks = _breaks(data)
+    device = torch.device("cuda")
+    policy = policy.to(device)
+    data = {k: v.to(device) for k, v in data.items()}
+    masks = masks.to(device)
+    stored = tuple(s.to(device) for s in stored_hidden)
+    hidden0 = tuple(s[:, 0].transpose(0, 1).contiguous() for s in stored)
+    replays = []
+    for known in (None, breaks):
+        policy.zero_grad()
+        with warnings.catch_warnings(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            warnings.simplefilter("error")  # no warning reaches the user from the call
+            figures = policy.evaluate(
+                data["obs"],
+                hidden0,  # type: ignore[arg-type]
+                masks,
+                data["actions"],
+                data["starts"],
+                hidden_restarts=data["restarts"],
+                stored_hidden=stored,  # type: ignore[arg-type]
+                breaks=known,
+            )
+            sum(f.sum() for f in figures).backward()
+        replays.append((figures, {n: p.grad.clone() for n, p in policy.named_parameters()}))
+    (stepped, stepped_grads), (segmented, segmented_grads) = replays
+    for a, b in zip(stepped, segmented, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+    for name, grad in stepped_grads.items():
+        torch.testing.assert_close(segmented_grads[name], grad, atol=1e-4, rtol=1e-4, msg=name)
+
+
 @pytest.mark.parametrize("breaks", [((0,),), ((3, 2),), ((2, 2),), ((5,),)])
 def test_breaks_outside_a_sequence_or_out_of_order_are_refused(breaks: tuple) -> None:
     with pytest.raises(ValueError, match=r"env 0: breaks must ascend strictly within \[1, 5\)"):

@@ -101,8 +101,12 @@ def replay_in_segments(
     n_envs, n_steps = x.shape[:2]
     layout = segment_layout(breaks, n_steps, x.device)
     rows = x.reshape(n_envs * n_steps, -1).index_select(0, layout.steps)
+    # [layers, S, H], contiguous: cuDNN's RNN takes no strided state.
     h, c = (
-        s.reshape(n_envs * n_steps, *s.shape[2:]).index_select(0, layout.firsts).transpose(0, 1)
+        s.reshape(n_envs * n_steps, *s.shape[2:])
+        .index_select(0, layout.firsts)
+        .transpose(0, 1)
+        .contiguous()
         for s in stored_hidden
     )
     resets = episode_starts.reshape(-1).index_select(0, layout.firsts)
