@@ -70,6 +70,7 @@ from esper.kasmina.slot import SeedSlot
 from esper.tolaria.accumulators import EnvAccumulator, finite
 from esper.tolaria.copies import Copies
 from esper.tolaria.counterfactual import CounterfactualPlan, contributing_slots
+from esper.tolaria.host_tensors import HostTensors
 from esper.tolaria.host_training import autocast_to
 from esper.tolaria.stack_grouping import (
     BLEND_STAGES,
@@ -77,7 +78,6 @@ from esper.tolaria.stack_grouping import (
     IDLE_STAGES,
     MIN_GROUP,
     EnvView,
-    HostTensors,
     blending_slots,
     gate_tensors,
     optional_signature,

@@ -7,7 +7,7 @@ import pytest
 from torch import Tensor, nn
 
 from esper.contracts import BlendMode, SeedStage
-from esper.tolaria.stack_grouping import HostTensors
+from esper.tolaria.host_tensors import HostTensors
 from tests.tolaria.grown import planted
 
 #: A seed of each kind in each stage a step treats differently, gated and not.
