@@ -26,7 +26,7 @@ from esper.kasmina import CNNHost, GrowingHost, TransformerHost
 from esper.kasmina.optim import OptimConfig
 from esper.kasmina.sgd import MOMENTUM_BUFFER
 from esper.mdp.env_config import EnvConfig
-from esper.tolaria import stack_grouping, stacked_validation
+from esper.tolaria import stack_grouping, stacked_plan, stacked_validation
 from esper.tolaria import stacked as stacked_module
 from esper.tolaria.accumulators import EnvAccumulator, accumulators, epoch_figures
 from esper.tolaria.copies import Copies
@@ -574,7 +574,7 @@ def test_what_pads_a_narrower_member_stays_zero_through_a_stacked_step() -> None
     checked = 0
     for name, rows in stacked.params.items():
         for g in range(len(envs)):
-            mine = group._params[g].get(name)
+            mine = group.plan.params[g].get(name)
             if mine is None or mine.shape == rows.shape[1:]:
                 continue
             for tensor in (rows[g].detach(), buffers[id(rows)][g]):
@@ -595,7 +595,7 @@ def test_padding_to_the_widest_shape_holds_each_member_and_gives_it_back(
     shape is the smallest that holds every member."""
     dims = len(raw[0])
     shapes = [torch.Size((sizes * dims)[:dims]) for sizes in raw]
-    widest = stacked_module._widest(shapes)
+    widest = stacked_plan.widest(shapes)
     assert all(max(shape[d] for shape in shapes) == widest[d] for d in range(dims))
     tensors = [
         torch.arange(shape.numel(), dtype=torch.float32).reshape(shape) + k + 1
