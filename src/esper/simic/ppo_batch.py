@@ -63,11 +63,11 @@ class PPOBatch:
     episode_starts: Tensor
     hidden_restarts: Tensor
     valid: Tensor
-    #: Host-side, per env: the steps after step 0 whose state does not continue from the
-    #: step before (``episode_starts`` or ``hidden_restarts`` there), ascending, so the
-    #: replay may run the LSTM over the stretches between them in one call
-    #: (``PolicyNetwork.evaluate``'s ``breaks``). None claims nothing: the replay steps
-    #: through.
+    #: Host-side, per env: the valid steps after step 0 whose state does not continue
+    #: from the step before (``episode_starts`` or ``hidden_restarts`` there), ascending,
+    #: so the replay may run the LSTM over the stretches between them in one call
+    #: (``PolicyNetwork.evaluate``'s ``breaks``); steps past an env's last valid one
+    #: carry nothing the update reads. None claims nothing: the replay steps through.
     breaks: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
