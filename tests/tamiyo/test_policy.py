@@ -198,33 +198,39 @@ def test_on_cuda_the_unbroken_replay_is_the_step_loop_within_rounding() -> None:
     it would warn about each call); its figures and gradients are the loop's."""
     policy = make_policy(config=PolicyConfig(hidden_size=32, lstm_layers=2))
     data, masks, hidden0 = _rollout(policy, 5, 7, seed=6, resets_after_start=False)
-    device = torch.device("cuda")
+    args = (data["obs"], hidden0, masks, data["actions"], data["starts"])
+    _same_on_cuda_as_the_step_loop(policy, args, {}, {"breaks": _unbroken(True)})
+
+
+def _same_on_cuda_as_the_step_loop(
+    policy: PolicyNetwork, args: tuple, stepped: dict, fused: dict, device: str = "cuda"
+) -> None:
+    """``policy.evaluate(*args, **stepped)`` and ``(*args, **fused)`` on ``device``
+    (everything moved there) give the same figures and gradients within 1e-4, and warn of
+    nothing."""
     policy = policy.to(device)
-    data = {k: v.to(device) for k, v in data.items()}
-    masks = masks.to(device)
-    hidden0 = tuple(h.to(device) for h in hidden0)
+
+    def moved(value: object) -> object:
+        if isinstance(value, tuple):
+            return tuple(moved(v) for v in value)
+        return value.to(device) if isinstance(value, torch.Tensor | ActionMasks) else value
+
+    args = tuple(moved(a) for a in args)
     replays = []
-    for unbroken in (False, True):
+    for kwargs in (stepped, fused):
         policy.zero_grad()
         # TF32 off, the backward included: cuDNN's RNN would use it by default (about 1e-4
         # in a gradient, seen on an H100), the loop's matmuls not.
         with warnings.catch_warnings(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
             warnings.simplefilter("error")  # no warning reaches the user from the call
-            figures = policy.evaluate(
-                data["obs"],
-                hidden0,
-                masks,
-                data["actions"],
-                data["starts"],
-                breaks=_unbroken(unbroken),
-            )
+            figures = policy.evaluate(*args, **{k: moved(v) for k, v in kwargs.items()})
             sum(f.sum() for f in figures).backward()
         replays.append((figures, {n: p.grad.clone() for n, p in policy.named_parameters()}))
-    (stepped, stepped_grads), (fused, fused_grads) = replays
-    for a, b in zip(stepped, fused, strict=True):
+    (loop, loop_grads), (call, call_grads) = replays
+    for a, b in zip(loop, call, strict=True):
         torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
-    for name, grad in stepped_grads.items():
-        torch.testing.assert_close(fused_grads[name], grad, atol=1e-4, rtol=1e-4, msg=name)
+    for name, grad in loop_grads.items():
+        torch.testing.assert_close(call_grads[name], grad, atol=1e-4, rtol=1e-4, msg=name)
 
 
 def test_an_unbroken_replay_launches_a_few_lstm_ops_not_a_loop_of_them() -> None:
@@ -376,35 +382,10 @@ def test_on_cuda_a_replay_cut_at_its_breaks_is_the_step_loop_within_rounding() -
     and an index uploaded from pinned memory; figures and gradients are the loop's."""
     policy = make_policy(config=PolicyConfig(hidden_size=32, lstm_layers=2))
     data, masks, stored_hidden = _restarted_rollout(policy, 4, 9, seed=8)
-    breaks = _breaks(data)
-    device = torch.device("cuda")
-    policy = policy.to(device)
-    data = {k: v.to(device) for k, v in data.items()}
-    masks = masks.to(device)
-    stored = tuple(s.to(device) for s in stored_hidden)
-    hidden0 = tuple(s[:, 0].transpose(0, 1).contiguous() for s in stored)
-    replays = []
-    for known in (None, breaks):
-        policy.zero_grad()
-        with warnings.catch_warnings(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-            warnings.simplefilter("error")  # no warning reaches the user from the call
-            figures = policy.evaluate(
-                data["obs"],
-                hidden0,  # type: ignore[arg-type]
-                masks,
-                data["actions"],
-                data["starts"],
-                hidden_restarts=data["restarts"],
-                stored_hidden=stored,  # type: ignore[arg-type]
-                breaks=known,
-            )
-            sum(f.sum() for f in figures).backward()
-        replays.append((figures, {n: p.grad.clone() for n, p in policy.named_parameters()}))
-    (stepped, stepped_grads), (segmented, segmented_grads) = replays
-    for a, b in zip(stepped, segmented, strict=True):
-        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
-    for name, grad in stepped_grads.items():
-        torch.testing.assert_close(segmented_grads[name], grad, atol=1e-4, rtol=1e-4, msg=name)
+    hidden0 = tuple(s[:, 0].transpose(0, 1).contiguous() for s in stored_hidden)
+    args = (data["obs"], hidden0, masks, data["actions"], data["starts"])
+    restarts = {"hidden_restarts": data["restarts"], "stored_hidden": stored_hidden}
+    _same_on_cuda_as_the_step_loop(policy, args, restarts, {**restarts, "breaks": _breaks(data)})
 
 
 @pytest.mark.parametrize("breaks", [((0,),), ((3, 2),), ((2, 2),), ((5,),)])
@@ -426,42 +407,26 @@ def test_act_and_evaluate_make_no_host_reads() -> None:
         result = policy.act(obs, hidden, masks, episode_starts=starts, generator=g)
         policy.act(obs, result.hidden, masks, deterministic=True)
         policy.value(obs, result.hidden)
-        log_prob, entropy, value = policy.evaluate(
-            obs.unsqueeze(1).expand(n_envs, n_steps, OBS_DIM),
-            hidden,
-            seq_masks,
-            result.actions.unsqueeze(1).expand(n_envs, n_steps, 4),
-            starts.unsqueeze(1).expand(n_envs, n_steps),
-            hidden_restarts=~starts.unsqueeze(1).expand(n_envs, n_steps),
-            stored_hidden=tuple(
+        seq_obs = obs.unsqueeze(1).expand(n_envs, n_steps, OBS_DIM)
+        seq_actions = result.actions.unsqueeze(1).expand(n_envs, n_steps, 4)
+        seq_starts = starts.unsqueeze(1).expand(n_envs, n_steps)
+        restarts = {
+            "hidden_restarts": ~seq_starts,
+            "stored_hidden": tuple(
                 s.transpose(0, 1).unsqueeze(1).expand(n_envs, n_steps, *s.shape[::2])
                 for s in result.hidden
             ),
-        )
-        (log_prob.sum() + entropy.sum() + value.sum()).backward()
-        log_prob, entropy, value = policy.evaluate(  # the replay in one LSTM call
-            obs.unsqueeze(1).expand(n_envs, n_steps, OBS_DIM),
-            hidden,
-            seq_masks,
-            result.actions.unsqueeze(1).expand(n_envs, n_steps, 4),
-            (torch.arange(n_steps) == 0).expand(n_envs, n_steps),  # episodes start at step 0
-            breaks=((),) * n_envs,
-        )
-        (log_prob.sum() + entropy.sum() + value.sum()).backward()
-        log_prob, entropy, value = policy.evaluate(  # cut where the chains break
-            obs.unsqueeze(1).expand(n_envs, n_steps, OBS_DIM),
-            hidden,
-            seq_masks,
-            result.actions.unsqueeze(1).expand(n_envs, n_steps, 4),
-            starts.unsqueeze(1).expand(n_envs, n_steps),
-            hidden_restarts=~starts.unsqueeze(1).expand(n_envs, n_steps),
-            stored_hidden=tuple(
-                s.transpose(0, 1).unsqueeze(1).expand(n_envs, n_steps, *s.shape[::2])
-                for s in result.hidden
-            ),
-            breaks=((1, 2),) * n_envs,
-        )
-        (log_prob.sum() + entropy.sum() + value.sum()).backward()
+        }
+        first_only = (torch.arange(n_steps) == 0).expand(n_envs, n_steps)
+        for starts_at, extra in (
+            (seq_starts, restarts),  # step by step
+            (first_only, {"breaks": ((),) * n_envs}),  # the replay in one LSTM call
+            (seq_starts, {**restarts, "breaks": ((1, 2),) * n_envs}),  # cut at the breaks
+        ):
+            log_prob, entropy, value = policy.evaluate(
+                seq_obs, hidden, seq_masks, seq_actions, starts_at, **extra
+            )
+            (log_prob.sum() + entropy.sum() + value.sum()).backward()
     assert counter.count == 0, counter.report()
 
 
