@@ -305,23 +305,35 @@ def _breaks(data: dict[str, torch.Tensor]) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(int(t) + 1 for t in row.nonzero().flatten()) for row in broken)
 
 
+def _replayed(
+    policy: PolicyNetwork,
+    data: dict[str, torch.Tensor],
+    masks: ActionMasks,
+    stored: tuple[torch.Tensor, torch.Tensor],
+    **kwargs: object,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``policy.evaluate`` of a :func:`_restarted_rollout`, from its step 0's stored state."""
+    hidden0 = tuple(s[:, 0].transpose(0, 1) for s in stored)
+    return policy.evaluate(
+        data["obs"],
+        hidden0,
+        masks,
+        data["actions"],
+        data["starts"],
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
 def test_evaluate_starts_flagged_steps_from_their_stored_state() -> None:
     """After a governor restore an env acts from a stored state, not from its previous
     step's output; given the flags and the stored states, the replay matches act, also
     where a restart and an episode start fall on the same step (act reset after)."""
     policy = make_policy(config=PolicyConfig(hidden_size=32, lstm_layers=2))
     data, masks, stored_hidden = _restarted_rollout(policy, 4, 6, seed=3)
-    hidden0 = tuple(s[:, 0].transpose(0, 1) for s in stored_hidden)
 
     def replay(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        log_prob, _, value = policy.evaluate(
-            data["obs"],
-            hidden0,  # type: ignore[arg-type]
-            masks,
-            data["actions"],
-            data["starts"],
-            hidden_restarts=flags,
-            stored_hidden=stored_hidden,
+        log_prob, _, value = _replayed(
+            policy, data, masks, stored_hidden, hidden_restarts=flags, stored_hidden=stored_hidden
         )
         return log_prob, value
 
@@ -331,9 +343,7 @@ def test_evaluate_starts_flagged_steps_from_their_stored_state() -> None:
     _, chained = replay(torch.zeros_like(data["restarts"]))
     assert not torch.allclose(chained, data["value"], atol=TOL)
     with pytest.raises(ValueError, match="together"):
-        policy.evaluate(
-            data["obs"], hidden0, masks, data["actions"], data["starts"], data["restarts"]
-        )
+        _replayed(policy, data, masks, stored_hidden, hidden_restarts=data["restarts"])
 
 
 @pytest.mark.parametrize("layers", [1, 2])
@@ -345,19 +355,17 @@ def test_a_replay_cut_at_its_breaks_runs_the_lstm_in_one_call_as_the_step_loop_d
     and the step loop's gradients, within rounding, in fewer ops."""
     policy = make_policy(config=PolicyConfig(hidden_size=32, lstm_layers=layers))
     data, masks, stored_hidden = _restarted_rollout(policy, 4, 9, seed=7)
-    hidden0 = tuple(s[:, 0].transpose(0, 1) for s in stored_hidden)
     breaks = _breaks(data)
     assert breaks[2] == () and all(breaks[e] for e in (0, 1, 3))
     replays, counts = [], []
     for known in (None, breaks):
         policy.zero_grad()
         with OpCounter() as ops:
-            log_prob, entropy, value = policy.evaluate(
-                data["obs"],
-                hidden0,  # type: ignore[arg-type]
+            log_prob, entropy, value = _replayed(
+                policy,
+                data,
                 masks,
-                data["actions"],
-                data["starts"],
+                stored_hidden,
                 hidden_restarts=data["restarts"],
                 stored_hidden=stored_hidden,
                 breaks=known,
@@ -372,7 +380,7 @@ def test_a_replay_cut_at_its_breaks_runs_the_lstm_in_one_call_as_the_step_loop_d
         torch.testing.assert_close(segmented[name], grad, atol=TOL, rtol=TOL, msg=name)
     assert counts[1] < counts[0] / 2, counts
     with pytest.raises(ValueError, match="stored_hidden"):
-        policy.evaluate(data["obs"], hidden0, masks, data["actions"], data["starts"], breaks=breaks)
+        _replayed(policy, data, masks, stored_hidden, breaks=breaks)
 
 
 @pytest.mark.gpu
