@@ -20,6 +20,10 @@ random (seeded), stays empty or holds a widening (the default blueprint) in TRAI
 BLENDING or HOLDING, or has merged one (wider layers). The per-env path then runs each
 env's own seeds; a stacked group runs every seed any member runs, on every member.
 
+``--images N`` trains each env on N images a step instead of one: costs that grow with
+the batch (the stacked engine's copies of mapped activations, which functorch makes
+only for some layouts) show there, at kernels that cost more.
+
 ``--ops`` also counts, in one more epoch per engine, the operators a step issues that
 would each launch a kernel on a GPU (every aten operator but views, bare allocations and
 wrapped Python scalars; a multi-tensor ``_foreach`` operator counts once, as CUDA runs
@@ -27,7 +31,7 @@ it), per env step: a count that does not depend on the machine, so it can be tak
 for a GPU, where a launch-bound step costs about that many launches.
 
 Usage: ``python benchmarks/dispatch.py [--n-envs 4 16 64] [--steps 40] [--device cpu]
-[--grown] [--ops]``
+[--grown] [--images 1] [--ops]``
 """
 
 from __future__ import annotations
@@ -51,13 +55,13 @@ from esper.tolaria.host_training import ENGINES, HostTraining
 CHANNELS = (8, 16, 32)
 IMAGE_SHAPE = (3, 8, 8)
 CLASSES = 10
-#: Images per env per step, and in the one validation batch.
+#: Images per env per step (``--images``' default), and in the one validation batch.
 IMAGES_PER_STEP = 1
 VAL_IMAGES = 8
 
 
 def batches(
-    n_envs: int, steps: int, device: torch.device
+    n_envs: int, steps: int, device: torch.device, images: int = IMAGES_PER_STEP
 ) -> tuple[list[tuple[Tensor, Tensor]], list[tuple[Tensor, Tensor]]]:
     generator = torch.Generator().manual_seed(0)
 
@@ -66,7 +70,7 @@ def batches(
         y = torch.randint(0, CLASSES, (n,), generator=generator)
         return x.to(device), y.to(device)
 
-    return [batch(n_envs * IMAGES_PER_STEP) for _ in range(steps)], [batch(VAL_IMAGES)]
+    return [batch(n_envs * images) for _ in range(steps)], [batch(VAL_IMAGES)]
 
 
 #: Operators that launch no kernel: bare allocations, and a Python scalar wrapped as a
@@ -101,10 +105,15 @@ class KernelOps(TorchDispatchMode):
 
 
 def microseconds_per_env_step(
-    n_envs: int, engine: str, steps: int, device: torch.device, grown: bool = False
+    n_envs: int,
+    engine: str,
+    steps: int,
+    device: torch.device,
+    grown: bool = False,
+    images: int = IMAGES_PER_STEP,
 ) -> float:
     """Wall per env step of one timed epoch, after one warm-up epoch."""
-    envs, train, val, training = setup(n_envs, engine, steps, device, grown)
+    envs, train, val, training = setup(n_envs, engine, steps, device, grown, images)
     run_epoch(envs, train, val, training)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -116,10 +125,15 @@ def microseconds_per_env_step(
 
 
 def kernel_ops_per_env_step(
-    n_envs: int, engine: str, steps: int, device: torch.device, grown: bool = False
+    n_envs: int,
+    engine: str,
+    steps: int,
+    device: torch.device,
+    grown: bool = False,
+    images: int = IMAGES_PER_STEP,
 ) -> float:
     """:class:`KernelOps` of one epoch (after a warm-up epoch) per env step."""
-    envs, train, val, training = setup(n_envs, engine, steps, device, grown)
+    envs, train, val, training = setup(n_envs, engine, steps, device, grown, images)
     run_epoch(envs, train, val, training)
     counter = KernelOps()
     with counter:
@@ -128,7 +142,12 @@ def kernel_ops_per_env_step(
 
 
 def setup(
-    n_envs: int, engine: str, steps: int, device: torch.device, grown: bool
+    n_envs: int,
+    engine: str,
+    steps: int,
+    device: torch.device,
+    grown: bool,
+    images: int = IMAGES_PER_STEP,
 ) -> tuple[list[GrowingHost], list[tuple[Tensor, Tensor]], list[tuple[Tensor, Tensor]], Any]:
     """The same envs and batches for every measurement of one case."""
     torch.manual_seed(0)
@@ -146,7 +165,7 @@ def setup(
     ]
     if grown:  # seeds are built on their host's device
         grown_apart(envs)
-    train, val = batches(n_envs, steps, device)
+    train, val = batches(n_envs, steps, device, images)
     return envs, train, val, HostTraining(engine=engine, cpu_workers=1)
 
 
@@ -158,6 +177,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--grown", action="store_true", help="hosts grown apart by drawn widenings")
     parser.add_argument(
+        "--images", type=int, default=IMAGES_PER_STEP, help="images per env per training step"
+    )
+    parser.add_argument(
         "--ops", action="store_true", help="also count kernel-launching operators per env step"
     )
     args = parser.parse_args()
@@ -165,7 +187,7 @@ def main() -> None:
     device = torch.device(args.device)
     print(
         f"dispatch cost on {device}, torch {torch.__version__}, {args.threads} thread(s), "
-        f"{args.steps} steps of {IMAGES_PER_STEP} {IMAGE_SHAPE} image per env"
+        f"{args.steps} steps of {args.images} {IMAGE_SHAPE} image(s) per env"
         + (", hosts grown apart" if args.grown else ", fresh hosts"),
         flush=True,
     )
@@ -173,7 +195,9 @@ def main() -> None:
         (
             n,
             {
-                engine: microseconds_per_env_step(n, engine, args.steps, device, args.grown)
+                engine: microseconds_per_env_step(
+                    n, engine, args.steps, device, args.grown, args.images
+                )
                 for engine in ENGINES
             },
         )
@@ -193,7 +217,10 @@ def main() -> None:
     print("| envs | " + " | ".join(f"{e} kernel ops / env step" for e in ENGINES) + " |")
     print("|---:|" + "---:|" * len(ENGINES))
     for n in args.n_envs:
-        ops = [kernel_ops_per_env_step(n, e, args.steps, device, args.grown) for e in ENGINES]
+        ops = [
+            kernel_ops_per_env_step(n, e, args.steps, device, args.grown, args.images)
+            for e in ENGINES
+        ]
         print(f"| {n} | " + " | ".join(f"{count:.1f}" for count in ops) + " |", flush=True)
 
 

@@ -61,3 +61,21 @@ def test_ops_counts_what_would_launch_a_kernel_per_env_step(
     _, ops = [line for line in out.splitlines() if line.startswith("| 4 |")]
     per_env, stacked = (float(cell) for cell in ops.strip("|").split("|")[1:])
     assert per_env > stacked > 0  # four envs alike: one stacked step trains them all
+
+
+def test_images_sets_how_many_images_each_env_trains_on_a_step(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[int] = []
+    real = dispatch.run_epoch
+
+    def recording(envs, train, val, training):  # type: ignore[no-untyped-def]
+        seen.extend(x.shape[0] for x, _ in train)
+        return real(envs, train, val, training)
+
+    monkeypatch.setattr(dispatch, "run_epoch", recording)
+    argv = ["dispatch.py", "--n-envs", "2", "--steps", "2", "--images", "5"]
+    monkeypatch.setattr(sys, "argv", argv)
+    dispatch.main()
+    assert "2 steps of 5 (3, 8, 8) image(s) per env" in capsys.readouterr().out
+    assert seen and set(seen) == {2 * 5}  # each batch: 5 images for each of the 2 envs
