@@ -17,6 +17,7 @@ from esper.kasmina.incubation import (
 )
 from esper.kasmina.lifecycle import GateSignals
 from tests.kasmina.factories import FAST, forward_backward, make_batch, make_host, train_backward
+from tests.ops import OpCounter
 
 #: Blueprints with their own normalisation, so the buffer rules are exercised too.
 BLUEPRINT = {"cnn": "conv_heavy", "transformer": "mlp"}
@@ -114,6 +115,44 @@ def test_the_pass_equals_a_functional_call_with_the_host_detached(kind: str) -> 
     for name, b in mine.model.named_buffers():
         assert torch.equal(b, theirs[name]), name
     assert all(p.requires_grad for p in mine.model.parameters())
+
+
+def test_a_training_host_s_batch_norms_are_run_without_copies_of_their_statistics() -> None:
+    """In training mode a batch norm's running statistics do not enter its output, so the
+    pass hands it none (no clone: each is a kernel call on the worker threads' shared
+    lock) and they stay untouched; a slot's buffers are only read, and not copied
+    either. The seed still learns."""
+    grown = _incubating_host("cnn", [0])
+    buffers = {n: b.clone() for n, b in grown.model.named_buffers()}
+    assert any("running_mean" in n for n in buffers)
+    x, y = make_batch(grown.model)
+    counter = OpCounter()
+    with counter:
+        loss = IncubationPass(grown.model, incubating_slots(grown.model)).loss(x, y)
+    assert counter.ops["clone"] == 0, counter.ops
+    loss.backward()
+    for name, b in grown.model.named_buffers():
+        assert torch.equal(b, buffers[name]), name
+    seed = grown.model.slot(grown.slot_ids[0])
+    assert all(p.grad is not None for p in seed.seed_parameters())
+
+
+def test_an_evaluating_host_s_buffers_are_cloned_and_left_as_they_were() -> None:
+    """A batch norm in eval mode normalises by its running statistics: the pass keeps the
+    plain rule for it (a clone in, the buffer back) and equals the functional call."""
+    mine, reference = _incubating_host("cnn", [0]), _incubating_host("cnn", [0])
+    for grown in (mine, reference):
+        grown.model.eval()
+    buffers = {n: b.clone() for n, b in mine.model.named_buffers()}
+    x, y = make_batch(mine.model)
+    counter = OpCounter()
+    with counter:
+        loss = IncubationPass(mine.model, incubating_slots(mine.model)).loss(x, y)
+    assert counter.ops["clone"] > 0
+    expected = _functional_reference(reference, x, y)
+    assert torch.equal(loss, expected)
+    for name, b in mine.model.named_buffers():
+        assert torch.equal(b, buffers[name]), name
 
 
 def test_a_forward_that_raises_leaves_the_host_as_it_was() -> None:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from esper.contracts import SeedStage
 from esper.kasmina.hosts.base import HostModel
@@ -132,11 +133,14 @@ class IncubationPass:
             id(b) for slot in self.slots if slot.seed is not None for b in slot.seed.buffers()
         }
         self._host_params = [p for p in model.parameters() if id(p) not in seed_params]
-        #: Where each host buffer sits: the pass swaps a clone in (the forward updates
-        #: it, and the seed's backward may need it unchanged), then the buffer back.
+        #: Where each host buffer sits, and its module: the pass swaps a stand-in in (the
+        #: forward updates it, and the seed's backward may need it unchanged), then the
+        #: buffer back. A slot's own buffers (its alpha, its device anchor) are left out:
+        #: lifecycle ops write them between epochs, a forward only reads them.
         self._host_buffers = [
-            (module._buffers, name)
+            (module, name)
             for module in model.modules()
+            if not isinstance(module, SeedSlot)
             for name, b in module._buffers.items()
             if b is not None and id(b) not in seed_buffers
         ]
@@ -151,12 +155,12 @@ class IncubationPass:
                 f"holds {x.shape[0]}; record the start in the host's forward of this batch "
                 "(recording_start)"
             )
-        buffers = [where[name] for where, name in self._host_buffers]
+        buffers = [module._buffers[name] for module, name in self._host_buffers]
         tracked = [p.requires_grad for p in self._host_params]
         try:
             with torch.no_grad():
-                for (where, name), b in zip(self._host_buffers, buffers, strict=True):
-                    where[name] = b.clone()
+                for (module, name), b in zip(self._host_buffers, buffers, strict=True):
+                    module._buffers[name] = _stand_in(module, b)
             for p in self._host_params:
                 p.requires_grad_(False)
             with seeds_incubating(self.slots):
@@ -170,10 +174,26 @@ class IncubationPass:
         finally:
             for p, flag in zip(self._host_params, tracked, strict=True):
                 p.requires_grad_(flag)
-            for (where, name), b in zip(self._host_buffers, buffers, strict=True):
-                where[name] = b
+            for (module, name), b in zip(self._host_buffers, buffers, strict=True):
+                module._buffers[name] = b
         loss, _, _ = self.model.loss_and_correct(outputs, y)
         return loss
+
+
+def _stand_in(module: nn.Module, buffer: Tensor) -> Tensor | None:
+    """What the pass puts in place of one of ``module``'s buffers: a clone, or nothing for
+    a batch norm's running statistics while it trains.
+
+    Why nothing there: in training mode a batch norm normalises by the batch's own
+    statistics and only writes the running ones (and its batch count), and given None it
+    writes nothing (``nn.BatchNorm2d.forward``); so its output and gradients are those of
+    the cloned buffers, bit for bit, without a copy. A clone is a kernel call, and each
+    releases and retakes the interpreter lock that the CPU's worker threads share
+    (``esper.tolaria.parallel``): nine a step for the predecessor's host.
+    """
+    if isinstance(module, _BatchNorm) and module.training:
+        return None
+    return buffer.clone()
 
 
 def incubation_loss(
