@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from esper.contracts import BlendMode
 from esper.kasmina import CNNHost, GrowingHost
-from esper.tolaria.accumulators import accumulators, epoch_figures, finite
+from esper.tolaria.accumulators import accumulators, epoch_figures, finite, update_grad_flags
+from tests.ops import OpCounter
 from tests.tolaria.test_epoch import FAST
 
 
@@ -92,3 +93,71 @@ def test_epoch_figures_refuse_part_of_a_devices_accumulators() -> None:
     accs = accumulators(_envs(3))
     with pytest.raises(ValueError, match="every accumulator of a device's sums, in their order"):
         epoch_figures(accs[1:], torch.device("cpu"))
+
+
+def _step_by_step(losses: list[float], corrects: list[int], counts: list[int]) -> tuple:
+    """The sums as a check at every step makes them (the reference for ``settle``)."""
+    loss_sum, correct, ok = torch.zeros(()), torch.zeros((), dtype=torch.long), True
+    for loss, right, count in zip(losses, corrects, counts, strict=True):
+        value = torch.tensor(loss)
+        loss_sum.add_(value * count)
+        correct.add_(right)
+        ok = ok and bool(torch.isfinite(value))
+    return loss_sum, correct, ok
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(allow_nan=True, allow_infinity=True, width=32),
+            st.integers(0, 16),
+            st.integers(1, 16),
+        ),
+        min_size=1,
+        max_size=20,
+    )
+)
+def test_settled_sums_equal_a_check_at_every_step(steps: list[tuple[float, int, int]]) -> None:
+    losses, corrects, counts = (list(column) for column in zip(*steps, strict=True))
+    acc = accumulators(_envs(1))[0]
+    for loss, right, count in steps:
+        acc.record_step(torch.tensor(loss), torch.tensor(right), count)
+    acc.settle()
+    loss_sum, correct, ok = _step_by_step(losses, corrects, counts)
+    assert torch.equal(acc.loss_sum, loss_sum) or (acc.loss_sum.isnan() and loss_sum.isnan())
+    assert torch.equal(acc.correct, correct)
+    assert bool(acc.loss_finite) is ok
+    assert acc.seen == sum(counts)
+    assert not acc.pending_losses and not acc.pending_correct  # settled once
+
+
+def test_a_non_finite_gradient_at_any_step_flags_that_parameter_alone() -> None:
+    envs = _envs(2)
+    accs = accumulators(envs)
+    acc = accs[1]  # trains its stage0 seed
+    params = acc.seed_params
+    assert len(params) >= 2
+    for step in range(3):
+        for p in params:
+            p.grad = torch.ones_like(p)
+        if step == 1:
+            params[1].grad[0] = math.inf
+        update_grad_flags(acc)
+    assert len(acc.pending_norms) == 3 * len(params)
+    _, _, _, grads_finite = epoch_figures(accs, torch.device("cpu"))  # settles every env
+    assert acc.params_finite.tolist() == [True] + [False] + [True] * (len(params) - 2)
+    assert grads_finite.tolist() == [[True, True], [False, True]]
+
+
+def test_a_steps_bookkeeping_is_three_ops_whatever_it_checks() -> None:
+    """The loss sum (two ops) and one norm over every seed gradient; the finite checks and
+    the correct count wait for the epoch's end."""
+    acc = accumulators(_envs(2))[1]
+    for p in acc.seed_params:
+        p.grad = torch.ones_like(p)
+    loss, correct = torch.tensor(0.5), torch.tensor(3)
+    counter = OpCounter()
+    with counter:
+        acc.record_step(loss, correct, 16)
+        update_grad_flags(acc)
+    assert counter.ops == {"mul": 1, "add_": 1, "_foreach_norm": 1}, counter.ops

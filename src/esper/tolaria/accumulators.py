@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -51,9 +51,14 @@ class EnvAccumulator:
     """One env's running sums, written only on that env's stream.
 
     The seeds an epoch trains are listed once, at its start: lifecycle ops run between
-    epochs, never inside one. Each step then checks every seed gradient in three ops
-    (one ``_foreach_norm`` over them all) instead of a norm per slot: a step's Python
-    holds the interpreter lock that the worker threads share (``esper.tolaria.parallel``).
+    epochs, never inside one. A step takes every seed gradient's norm in one op
+    (``_foreach_norm`` over them all) and keeps it, with its loss and correct count, in
+    the ``pending_*`` lists; :meth:`settle` checks and counts them all at the epoch's end
+    in a dozen ops. Why not per step: each op is a kernel launch on a GPU, where the
+    per-env path is launch-bound, and on a CPU it lets go of and retakes the interpreter
+    lock that the worker threads share (``esper.tolaria.parallel``); checking them step
+    by step cost eight ops a step of an env with a trained seed. The loss sum stays a
+    per-step ``add_``: summed at the end in another order it would round differently.
     """
 
     loss_sum: Tensor
@@ -80,6 +85,33 @@ class EnvAccumulator:
     seen_stacked: int = 0
     #: Set when the env ran out of memory and sat out the rest of the epoch's training.
     skipped: bool = False
+    #: This epoch's per-step losses (detached), correct counts and seed-gradient norms
+    #: (``len(seed_params)`` a step), not yet folded into the sums: :meth:`settle`.
+    pending_losses: list[Tensor] = field(default_factory=list)
+    pending_correct: list[Tensor] = field(default_factory=list)
+    pending_norms: list[Tensor] = field(default_factory=list)
+
+    def record_step(self, loss: Tensor, correct: Tensor, count: int) -> None:
+        """One training step's detached ``loss`` (a mean over ``count`` samples) and its
+        ``correct`` count: two ops now (the loss sum), the rest at :meth:`settle`."""
+        self.loss_sum.add_(loss * count)
+        self.pending_losses.append(loss)
+        self.pending_correct.append(correct)
+        self.seen += count
+
+    def settle(self) -> None:
+        """Fold the pending steps into the sums: the correct counts added, every loss and
+        every seed gradient norm checked finite. Exact in any order (integer sums and
+        logical ANDs), so the figures equal those of a check at each step."""
+        if self.pending_losses:
+            self.loss_finite.logical_and_(finite(torch.stack(self.pending_losses)).all())
+            self.correct.add_(torch.stack(self.pending_correct).sum())
+        if self.pending_norms:
+            norms = torch.stack(self.pending_norms).view(-1, len(self.seed_params))
+            self.params_finite.logical_and_(finite(norms).all(dim=0))
+        self.pending_losses.clear()
+        self.pending_correct.clear()
+        self.pending_norms.clear()
 
     @functools.cached_property
     def incubation(self) -> IncubationPass | None:
@@ -158,6 +190,7 @@ def epoch_figures(
     samples, as each env's own division gives it."""
     groups: dict[int, list[int]] = {}
     for i, acc in enumerate(accs):
+        acc.settle()
         groups.setdefault(id(acc.sums), []).append(i)
     parts: list[tuple[Tensor, ...]] = []
     order: list[int] = []
@@ -209,9 +242,10 @@ def finite(values: Tensor) -> Tensor:
 
 
 def update_grad_flags(acc: EnvAccumulator) -> None:
-    """AND "this step's gradient is finite" into each trained seed parameter's flag, on
-    the device (a gradient is finite where its norm is)."""
+    """Keep this step's norm of each trained seed parameter's gradient, for
+    :meth:`EnvAccumulator.settle` to AND "finite" into its flag (a gradient is finite
+    where its norm is): one op a step, on the device."""
     if not acc.seed_params:
         return
     grads = [acc.no_grad if p.grad is None else p.grad for p in acc.seed_params]
-    acc.params_finite.logical_and_(finite(torch.stack(torch._foreach_norm(grads))))
+    acc.pending_norms.extend(torch._foreach_norm(grads))

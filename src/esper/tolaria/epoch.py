@@ -30,7 +30,6 @@ from esper.tolaria.accumulators import (
     accumulator,
     accumulators,
     epoch_figures,
-    finite,
     update_grad_flags,
 )
 from esper.tolaria.compiled import compiled_forward_loss, forward_loss
@@ -405,8 +404,4 @@ def _train_step(
         for opt in optimizers:
             scaler.step(opt)
         scaler.update()
-    loss = loss.detach()
-    acc.loss_sum.add_(loss * count)
-    acc.correct.add_(correct)
-    acc.loss_finite.logical_and_(finite(loss))
-    acc.seen += count
+    acc.record_step(loss.detach(), correct, count)
