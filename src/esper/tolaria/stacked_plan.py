@@ -11,11 +11,11 @@ for an epoch: nothing changes which parameters exist within one (``esper.tolaria
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from esper.kasmina.growing_host import GrowingHost
 from esper.kasmina.hosts.base import HostModel
@@ -25,7 +25,6 @@ from esper.tolaria.accumulators import EnvAccumulator
 from esper.tolaria.host_tensors import HostTensors
 from esper.tolaria.stack_grouping import (
     BLEND_STAGES,
-    GATE_STAGES,
     IDLE_STAGES,
     EnvView,
     blending_slots,
@@ -34,7 +33,7 @@ from esper.tolaria.stack_grouping import (
     optional_tensors,
     trained_tensors,
 )
-from esper.tolaria.structure_copy import deepcopy_structure
+from esper.tolaria.stacked_template import built_template
 
 
 @dataclass(frozen=True)
@@ -117,10 +116,10 @@ class GroupPlan:
         every = {name for signature in signatures for name in signature}
         # The model that runs every member's forward: a member with every gate, seed
         # blending in and seed in TRAINING that any member has, else one built for the
-        # group (:func:`_built_template`), whose own tensors no step touches.
+        # group (:func:`esper.tolaria.stacked_template.built_template`), whose own tensors no step touches.
         lead = next((g for g, sig in enumerate(signatures) if every <= sig.keys()), None)
         if lead is None:
-            template, slot_owners = _built_template(envs, signatures)
+            template, slot_owners = built_template(envs, signatures)
             template_tensors = HostTensors.of(template)
         else:
             template = envs[lead].model
@@ -363,49 +362,6 @@ def _first_held(order: dict[str, Tensor], held: Sequence[dict[str, Tensor]]) -> 
         for name, tensor in mine.items():
             first.setdefault(name, tensor)
     return {name: first[name] for name in (*order, *first) if name in first}
-
-
-def _built_template(
-    envs: Sequence[GrowingHost], signatures: Sequence[dict[str, Hashable]]
-) -> tuple[HostModel, dict[str, GrowingHost]]:
-    """A host that runs every seed a group's members run, where no member does (one blends
-    a seed in at one slot, another at another), and the member each slot came from.
-
-    A copy of the member with the most entries of :func:`optional_signature`, each slot
-    taken from the member that runs the most there: one blending a seed in before one
-    incubating it, one whose gate the forward runs before one without (a fossilized seed
-    with a gate beside one without shares a key). The forward runs each seed as the
-    member it came from would. Its own tensors are uninitialised (:func:`_placeholders`):
-    the group's stacked tensors are swapped in, and the forward runs no other."""
-    base = max(range(len(envs)), key=lambda g: (len(signatures[g]), -g))
-    template = deepcopy_structure(envs[base].model, _placeholders(envs[base].model))
-    owners = {slot_id: envs[base] for slot_id in template.slot_ids}
-    for slot_id in template.slot_ids:
-        running = [
-            (slot.stage in BLEND_STAGES, slot.gate is not None and slot.stage in GATE_STAGES, -g)
-            for g, env in enumerate(envs)
-            if (slot := env.model.slot(slot_id)).seed is not None and slot.stage not in IDLE_STAGES
-        ]
-        if not running:
-            continue
-        donor = -max(running)[2]
-        if donor != base:
-            slot = envs[donor].model.slot(slot_id)
-            template.slots[slot_id] = deepcopy_structure(slot, _placeholders(slot))
-            owners[slot_id] = envs[donor]
-    return template, owners
-
-
-def _placeholders(module: nn.Module) -> dict[int, object]:
-    """A ``copy.deepcopy`` memo that gives each parameter and buffer of ``module`` an
-    uninitialised tensor of its shape, dtype and device instead of a copy of its values: a
-    built template's own tensors are never read, and copying them cost a kernel each."""
-    memo: dict[int, object] = {}
-    for p in module.parameters():
-        memo[id(p)] = nn.Parameter(torch.empty_like(p), requires_grad=p.requires_grad)
-    for b in module.buffers():
-        memo[id(b)] = torch.empty_like(b)
-    return memo
 
 
 def widest(shapes: Sequence[torch.Size]) -> torch.Size:
