@@ -39,7 +39,7 @@ from __future__ import annotations
 import argparse
 import collections
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from grown import QUICK, grown_apart
@@ -104,50 +104,47 @@ class KernelOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def microseconds_per_env_step(
-    n_envs: int,
-    engine: str,
-    steps: int,
-    device: torch.device,
-    grown: bool = False,
-    images: int = IMAGES_PER_STEP,
-) -> float:
+class Case(NamedTuple):
+    """One measurement's work: ``n_envs`` envs on ``engine`` for ``steps`` steps of
+    ``images`` images each, fresh or ``grown`` apart."""
+
+    n_envs: int
+    engine: str
+    steps: int
+    device: torch.device
+    grown: bool = False
+    images: int = IMAGES_PER_STEP
+
+    @property
+    def env_steps(self) -> int:
+        return self.steps * self.n_envs
+
+
+def microseconds_per_env_step(case: Case) -> float:
     """Wall per env step of one timed epoch, after one warm-up epoch."""
-    envs, train, val, training = setup(n_envs, engine, steps, device, grown, images)
+    envs, train, val, training = setup(case)
     run_epoch(envs, train, val, training)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    if case.device.type == "cuda":
+        torch.cuda.synchronize(case.device)
     tick = time.perf_counter()
     run_epoch(envs, train, val, training)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - tick) / (steps * n_envs) * 1e6
+    if case.device.type == "cuda":
+        torch.cuda.synchronize(case.device)
+    return (time.perf_counter() - tick) / case.env_steps * 1e6
 
 
-def kernel_ops_per_env_step(
-    n_envs: int,
-    engine: str,
-    steps: int,
-    device: torch.device,
-    grown: bool = False,
-    images: int = IMAGES_PER_STEP,
-) -> float:
+def kernel_ops_per_env_step(case: Case) -> float:
     """:class:`KernelOps` of one epoch (after a warm-up epoch) per env step."""
-    envs, train, val, training = setup(n_envs, engine, steps, device, grown, images)
+    envs, train, val, training = setup(case)
     run_epoch(envs, train, val, training)
     counter = KernelOps()
     with counter:
         run_epoch(envs, train, val, training)
-    return sum(counter.counts.values()) / (steps * n_envs)
+    return sum(counter.counts.values()) / case.env_steps
 
 
 def setup(
-    n_envs: int,
-    engine: str,
-    steps: int,
-    device: torch.device,
-    grown: bool,
-    images: int = IMAGES_PER_STEP,
+    case: Case,
 ) -> tuple[list[GrowingHost], list[tuple[Tensor, Tensor]], list[tuple[Tensor, Tensor]], Any]:
     """The same envs and batches for every measurement of one case."""
     torch.manual_seed(0)
@@ -158,15 +155,15 @@ def setup(
                 CLASSES,
                 channels=CHANNELS,
                 convs_per_stage=1,
-                lifecycle=QUICK if grown else None,
-            ).to(device)
+                lifecycle=QUICK if case.grown else None,
+            ).to(case.device)
         )
-        for _ in range(n_envs)
+        for _ in range(case.n_envs)
     ]
-    if grown:  # seeds are built on their host's device
+    if case.grown:  # seeds are built on their host's device
         grown_apart(envs)
-    train, val = batches(n_envs, steps, device, images)
-    return envs, train, val, HostTraining(engine=engine, cpu_workers=1)
+    train, val = batches(case.n_envs, case.steps, case.device, case.images)
+    return envs, train, val, HostTraining(engine=case.engine, cpu_workers=1)
 
 
 def main() -> None:
@@ -196,7 +193,7 @@ def main() -> None:
             n,
             {
                 engine: microseconds_per_env_step(
-                    n, engine, args.steps, device, args.grown, args.images
+                    Case(n, engine, args.steps, device, args.grown, args.images)
                 )
                 for engine in ENGINES
             },
@@ -218,7 +215,7 @@ def main() -> None:
     print("|---:|" + "---:|" * len(ENGINES))
     for n in args.n_envs:
         ops = [
-            kernel_ops_per_env_step(n, e, args.steps, device, args.grown, args.images)
+            kernel_ops_per_env_step(Case(n, e, args.steps, device, args.grown, args.images))
             for e in ENGINES
         ]
         print(f"| {n} | " + " | ".join(f"{count:.1f}" for count in ops) + " |", flush=True)
