@@ -14,6 +14,7 @@ them in one fused LSTM call (``esper.tamiyo.replay_segments``).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
@@ -126,10 +127,8 @@ class PPOBatch:
         size, larger = divmod(self.n_envs, parts)
         ends = [k * size + min(k, larger) for k in range(parts + 1)]
         return [
-            self._map(
-                lambda t, k=k: t.tensor_split(parts)[k], lambda k=k: range(ends[k], ends[k + 1])
-            )
-            for k in range(parts)
+            self._map(lambda t, a=a, b=b: t[a:b], lambda a=a, b=b: range(a, b))
+            for a, b in itertools.pairwise(ends)
         ]
 
     def select_envs(self, order: Tensor) -> PPOBatch:

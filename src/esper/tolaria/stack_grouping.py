@@ -113,9 +113,9 @@ def trained_tensors(
     optional_params, optional_buffers = optional or optional_tensors(model, tensors)
     left_out = {id(t) for t in (*optional_params.values(), *optional_buffers.values())}
     for slot in model.iter_slots():
-        mine = tensors.slots[slot.slot_id]
         if slot.seed is None:
             continue
+        mine = tensors.slots[slot.slot_id]
         if slot.stage in IDLE_STAGES:
             left_out.update(mine.ids(mine.seed, mine.gate))
         elif slot.stage is SeedStage.TRAINING:
