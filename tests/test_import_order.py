@@ -19,8 +19,15 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 #: lower layer, and packages of its own layer that the layer lists before it (the
 #: foundation's small modules).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # plain data, the plugin registry, thread counts, the host-read counter
-    ("esper", "esper.contracts", "esper.plugins", "esper.threads", "esper.host_reads"),
+    # plain data, the plugin registry, thread counts, the host-read counter, the C heap
+    (
+        "esper",
+        "esper.contracts",
+        "esper.plugins",
+        "esper.threads",
+        "esper.host_reads",
+        "esper.heap",
+    ),
     ("esper.kasmina",),  # host models, seed slots, the lifecycle
     ("esper.tolaria",),  # host epochs for a batch of envs, the host data
     ("esper.tamiyo",),  # the controllers: policy network, masks, features, baselines

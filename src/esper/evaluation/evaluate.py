@@ -29,6 +29,7 @@ from esper.evaluation.comparison import (
     check_controllers,
     compare,
 )
+from esper.heap import freed_memory_kept
 from esper.mdp.env_config import EnvConfig, action_schema
 from esper.simic.checkpoint_contents import (
     DATA_KEY,
@@ -132,17 +133,18 @@ def evaluate(
         deterministic=not sample,
         policy_threads=module.policy_config.cpu_threads,
     )
-    return compare(
-        config,
-        data,
-        controllers,
-        episodes=episodes,
-        seed=seed,
-        device=device,
-        specs={"learned": learned},
-        grower=grower,
-        on_controller_done=on_controller_done,
-    )
+    with freed_memory_kept():  # hosts train as in a fit (esper.heap)
+        return compare(
+            config,
+            data,
+            controllers,
+            episodes=episodes,
+            seed=seed,
+            device=device,
+            specs={"learned": learned},
+            grower=grower,
+            on_controller_done=on_controller_done,
+        )
 
 
 def evaluation_config(module: PPOModule, envs_per_rank: int | None = None) -> EnvConfig:

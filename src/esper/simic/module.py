@@ -17,6 +17,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule
 
 from esper.callbacks.checkpoint import newest_checkpoint
+from esper.callbacks.freed_memory import KeepFreedMemory
 from esper.callbacks.gc_freeze import FreezeStartupObjects
 from esper.contracts.rollout import RolloutSummary, StepBatch
 from esper.kasmina import LifecycleConfig, OptimConfig
@@ -250,8 +251,11 @@ class PPOModule(LightningModule):
     def configure_callbacks(self) -> list[Callback]:
         """What every fit of this module runs beside the trainer's callbacks: the objects
         alive at the fit's start kept out of full garbage collections
-        (:class:`~esper.callbacks.gc_freeze.FreezeStartupObjects`)."""
-        return [FreezeStartupObjects()]
+        (:class:`~esper.callbacks.gc_freeze.FreezeStartupObjects`), and the C heap's freed
+        memory kept while it trains (:class:`~esper.callbacks.freed_memory.KeepFreedMemory`).
+        Lightning lets these replace a trainer's callbacks of the same type; a process
+        that tunes glibc's malloc itself (``GLIBC_TUNABLES``) keeps its settings."""
+        return [FreezeStartupObjects(), KeepFreedMemory()]
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         assert self.policy is not None, "setup() builds the policy before the optimizer"
