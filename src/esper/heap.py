@@ -4,8 +4,8 @@ Why: PyTorch's CPU tensors come from ``malloc``. glibc hands a freed block of mo
 its mmap threshold, and the free top of a heap beyond its trim threshold, back to the
 kernel, so the next epoch's activations of the same size fault every page in again, each
 page zeroed by the kernel. A host epoch on the CPU makes and frees the same few sizes
-thousands of times: on side_by_side.sh's 4-env work (3x32x32 images, 2 worker threads)
-that was 16 000 to 21 000 page faults an epoch, and none with the thresholds raised
+thousands of times: in side_by_side.sh's 4-env fit (3x32x32 images, 2 worker threads)
+that was 11 600 page faults an epoch, 5 000 with the thresholds raised, most epochs none
 (benchmarks/README.md, "The C heap's freed memory"). The memory kept is what the fit had
 already used at its peak.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -78,14 +78,14 @@ class HeapRetention:
             require_int("top_pad", self.top_pad, 0)
 
 
-def user_tunes_malloc(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+def user_tunes_malloc(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether the environment sets glibc's malloc parameters itself."""
     return "glibc.malloc." in environ.get("GLIBC_TUNABLES", "") or any(
         name in environ for name in MALLOC_ENVIRONMENT
     )
 
 
-def _mallopt() -> ctypes._CFuncPtr | None:
+def _mallopt() -> Callable[[int, int], int] | None:
     """The process's ``mallopt``, or None where the C library is not glibc."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None
