@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 35's device checks in ONE call of the `device` tool, for a session whose 15 minutes
 # of device time must hold the machine's start too (a minute or two). Parts, each under
-# its own timeout, run in the order ESPER_DEVICE_PARTS names them. All eleven take up to
-# 1720 s, more than one call's 600: the default, "tests cuda_updates ppo", takes up to
+# its own timeout, run in the order ESPER_DEVICE_PARTS names them. All twelve take up to
+# 1870 s, more than one call's 600: the default, "tests cuda_updates ppo", takes up to
 # 490 s (whether the PPO update on the CPU, --model.learner_device cpu, makes a CUDA
 # update faster, and Esper's steady seconds an update there), which with a start (about
 # 100 s) leaves about 300 s for a second call: "cuda_side" (esper-lite's figure beside
@@ -40,6 +40,11 @@
 #   workers    benchmarks/workers.py on that CPU, 4 envs in 4 threads and in 4
 #              processes: whether the interpreter lock costs 16 cores what
 #              processes would save (the lever left for the 16-core goal)         90 s
+#   cpu_heap   benchmarks/heap.py on that CPU, 4 envs, 2 rounds: the fit keeping the C
+#              heap's freed memory against glibc's own settings; page faults from 4
+#              worker threads contend for the process's memory map, so a many-core CPU
+#              may gain more than the 2-core VM (faster kept in 15 of 19 rounds;
+#              85 s here)                                                  150 s
 # Here first: bash benchmarks/cpu_session.sh prepare  (wheels and esper-lite, ignored by git)
 # There:      run(command="bash benchmarks/device_session.sh", carry=[".whl", ".peer"],
 #                 timeout_s=540)   (.whl/.peer: the *_side parts; ESPER_DEVICE_PARTS=...
@@ -117,7 +122,9 @@ part() {
     workers)
       timeout 90 "$py" benchmarks/workers.py --n-envs 4 --workers 4 --updates 1 --repeats 2 \
         2>&1 | tee "$out/cpu_workers.txt" ;;
-    *) echo "unknown part $1 (tests profile cpu_profile cpu_stacked ppo gpu launch cuda_updates cuda_side cpu_side workers)"; return 2 ;;
+    cpu_heap)
+      timeout 150 "$py" benchmarks/heap.py --n-envs 4 --rounds 2 2>&1 | tee "$out/cpu_heap.txt" ;;
+    *) echo "unknown part $1 (tests profile cpu_profile cpu_stacked ppo gpu launch cuda_updates cuda_side cpu_side workers cpu_heap)"; return 2 ;;
   esac
 }
 
