@@ -11,13 +11,17 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from esper import heap
 from esper.contracts.config_errors import ConfigError
 from esper.heap import (
+    GLIBC_DEFAULT_TOP_PAD,
     GLIBC_MMAP_THRESHOLD_MAX,
     M_MMAP_THRESHOLD,
+    M_TOP_PAD,
     M_TRIM_THRESHOLD,
     MALLOC_ENVIRONMENT,
     HeapRetention,
@@ -156,6 +160,31 @@ def test_user_tunes_malloc_reads_glibcs_own_variables() -> None:
     assert not user_tunes_malloc({"GLIBC_TUNABLES": "glibc.rtld.nns=2"})
     assert user_tunes_malloc({"GLIBC_TUNABLES": "glibc.rtld.nns=2:glibc.malloc.trim_threshold=0"})
     assert user_tunes_malloc({"MALLOC_TRIM_THRESHOLD_": "0"})
+
+
+def test_a_refused_setting_puts_back_what_was_set_before_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[tuple[int, int]] = []
+
+    def mallopt(parameter: int, value: int) -> int:
+        calls.append((parameter, value))
+        return 0 if parameter == M_TOP_PAD and value == HeapRetention().top_pad else 1
+
+    monkeypatch.setattr(heap, "_mallopt", lambda: mallopt)
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: SimpleNamespace(malloc_trim=lambda pad: 0))
+    for name in MALLOC_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(OSError, match="refused parameter -2"):
+        keep_freed_memory(HeapRetention())
+    retention = HeapRetention()
+    assert calls == [
+        (M_MMAP_THRESHOLD, retention.mmap_threshold),
+        (M_TRIM_THRESHOLD, retention.trim_threshold),
+        (M_TOP_PAD, retention.top_pad),
+        (M_TRIM_THRESHOLD, 2 * retention.mmap_threshold),
+        (M_TOP_PAD, GLIBC_DEFAULT_TOP_PAD),
+    ]
 
 
 def test_a_c_library_other_than_glibc_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -56,9 +56,10 @@ class HeapRetention:
         top_pad: bytes a heap grows by beyond what a request needs, so that growing
             again is rare.
 
-    Why these defaults: with them side_by_side.sh's 4-env CPU epoch faulted about 15 pages
-    an epoch (two worker threads) against 16 000 to 21 000 with glibc's own; thresholds a
-    quarter as large did as well there, and these leave room for larger hosts' maps.
+    Why these defaults: with them a scratch epoch of side_by_side.sh's 4 envs (two worker
+    threads) faulted 15 to 1 300 pages against 16 000 to 21 000 with glibc's own, and the
+    fit 5 000 an epoch against 11 600; smaller ones (mmap 16 MiB, trim 64 MiB, pad 4 MiB)
+    did as well on the scratch epoch, and these leave room for larger hosts' maps.
     """
 
     mmap_threshold: int = GLIBC_MMAP_THRESHOLD_MAX
@@ -105,6 +106,7 @@ def keep_freed_memory(retention: HeapRetention) -> bool:
     )
     for parameter, value in settings:
         if mallopt(parameter, value) != 1:
+            release_freed_memory(retention)  # what was set before the refusal goes back
             raise OSError(f"glibc's mallopt refused parameter {parameter} = {value}")
     return True
 
