@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -93,31 +94,51 @@ def _mallopt() -> Callable[[int, int], int] | None:
     return getattr(ctypes.CDLL(None), "mallopt", None)
 
 
+#: Who keeps freed memory now (a fit, an evaluation inside it), guarded by
+#: ``_HOLDERS_LOCK``: the settings are applied by the first and put back by the last.
+_holders: list[HeapRetention] = []
+_HOLDERS_LOCK = threading.Lock()
+
+
 def keep_freed_memory(retention: HeapRetention) -> bool:
     """Raise glibc's thresholds to ``retention``'s; False (nothing changed) where the C
-    library is not glibc or the environment tunes malloc itself."""
+    library is not glibc or the environment tunes malloc itself. Calls nest: while one
+    keeps, a second (an evaluation a fit's callback runs) joins the first's settings, and
+    only the last :func:`release_freed_memory` hands the memory back."""
     mallopt = _mallopt()
     if mallopt is None or user_tunes_malloc():
         return False
-    settings = (
-        (M_MMAP_THRESHOLD, retention.mmap_threshold),
-        (M_TRIM_THRESHOLD, retention.trim_threshold),
-        (M_TOP_PAD, retention.top_pad),
-    )
-    for parameter, value in settings:
-        if mallopt(parameter, value) != 1:
-            release_freed_memory(retention)  # what was set before the refusal goes back
-            raise OSError(f"glibc's mallopt refused parameter {parameter} = {value}")
+    with _HOLDERS_LOCK:
+        if not _holders:
+            settings = (
+                (M_MMAP_THRESHOLD, retention.mmap_threshold),
+                (M_TRIM_THRESHOLD, retention.trim_threshold),
+                (M_TOP_PAD, retention.top_pad),
+            )
+            for parameter, value in settings:
+                if mallopt(parameter, value) != 1:
+                    _put_back(retention)  # what was set before the refusal goes back
+                    raise OSError(f"glibc's mallopt refused parameter {parameter} = {value}")
+        _holders.append(retention)
     return True
 
 
 def release_freed_memory(retention: HeapRetention) -> None:
-    """Hand the kept memory back to the kernel and stop keeping it.
+    """End one :func:`keep_freed_memory` that returned True; the last one hands the kept
+    memory back to the kernel and stops keeping it.
 
     glibc cannot go back to its adaptive thresholds once set, so the mmap threshold stays
     at ``retention``'s and the trim threshold becomes twice it, where glibc's own adaptive
     rule puts them after freeing blocks that large; the top pad returns to glibc's default.
     """
+    with _HOLDERS_LOCK:
+        if retention in _holders:
+            _holders.remove(retention)
+        if not _holders:
+            _put_back(retention)
+
+
+def _put_back(retention: HeapRetention) -> None:
     mallopt = _mallopt()
     if mallopt is None:
         return
