@@ -274,6 +274,49 @@ def test_a_worker_takes_the_env_with_the_most_work_left() -> None:
     assert order[2:] == [0] * 5 + [1] * 5
 
 
+def test_an_env_whose_finish_is_known_to_be_long_trains_and_finishes_first() -> None:
+    """Equal steps; env 1's finish is expected to take a second: once the steps are
+    timed, the worker trains env 1 through and finishes it before env 0's steps, so that
+    its long finish does not come last."""
+    order: list[tuple[int, str]] = []
+
+    def step(env: int, b: int, item: object) -> None:
+        order.append((env, "step"))
+
+    def finish(env: int, tail: object) -> int:
+        order.append((env, "finish"))
+        return env
+
+    assert run_env_steps(2, 1, range(6), lambda: None, step, finish, [None, 1.0]) == [0, 1]
+    assert order[:2] == [(0, "step"), (1, "step")]  # untimed: in turn
+    assert order[2:] == [(1, "step")] * 5 + [(1, "finish")] + [(0, "step")] * 5 + [(0, "finish")]
+
+
+def test_finish_seconds_must_name_every_env() -> None:
+    with pytest.raises(ValueError, match="holds 1 entries for 2 envs; give one per env"):
+        run_env_steps(2, 1, range(2), lambda: None, lambda *_: None, lambda e, t: e, [1.0])
+
+
+def test_a_worker_epoch_expects_each_envs_validation_to_take_what_its_last_one_took(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    expected: list[list[float | None]] = []
+
+    def remembering(*args: object) -> list[object]:
+        expected.append(list(args[6]))  # type: ignore[call-overload]
+        return run_env_steps(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(epoch, "run_env_steps", remembering)
+    envs = cnn_envs()
+    train, val = image_loaders()
+    run_epoch(envs, train, val, HostTraining(cpu_workers=2))
+    measured = [epoch._validation_seconds[env] for env in envs]
+    run_epoch(envs, train, val, HostTraining(cpu_workers=2))
+    assert expected[0] == [None] * len(envs)  # new hosts: nothing measured yet
+    assert all(s > 0 for s in measured)
+    assert expected[1] == measured
+
+
 def test_batches_of_unknown_length_are_scheduled_too() -> None:
     """A loader over an iterable dataset has no length (its ``len`` raises)."""
 

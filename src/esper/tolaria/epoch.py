@@ -16,6 +16,8 @@ fused validation (``esper.tolaria.counterfactual``).
 from __future__ import annotations
 
 import itertools
+import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 
@@ -226,6 +228,13 @@ def _train(
     return accs, groups
 
 
+#: Each CPU env's last validation in the worker threads, in seconds: how long its next
+#: one is expected to take, so that the workers train first the envs whose validation is
+#: long (``esper.tolaria.parallel``). Kept beside the hosts, not in them: it only orders
+#: the work. Keyed weakly, so an episode's hosts leave with it.
+_validation_seconds: weakref.WeakKeyDictionary[GrowingHost, float] = weakref.WeakKeyDictionary()
+
+
 def _train_and_validate_in_workers(
     envs: Sequence[GrowingHost],
     train_batches: Iterable[tuple[Tensor, Tensor]],
@@ -244,12 +253,21 @@ def _train_and_validate_in_workers(
         with torch.enable_grad():  # grad mode is per thread
             _train_env_on_batch(envs, accs, i, b, batch, None, options)
 
-    def finish(i: int, val: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
-        return validate_with_counterfactuals([envs[i]], val, device)
+    seconds: list[float | None] = [None] * len(envs)  # each worker writes its env's own
 
+    def finish(i: int, val: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
+        tick = time.perf_counter()  # a CPU env: its ops are done when they return
+        figures = validate_with_counterfactuals([envs[i]], val, device)
+        seconds[i] = time.perf_counter() - tick
+        return figures
+
+    expected = [_validation_seconds.get(env) for env in envs]
     parts = run_env_steps(
-        len(envs), workers, train_batches, lambda: list(val_batches), step, finish
+        len(envs), workers, train_batches, lambda: list(val_batches), step, finish, expected
     )
+    for env, took in zip(envs, seconds, strict=True):
+        if took is not None:
+            _validation_seconds[env] = took
     val_loss, val_acc, cf_acc = (torch.cat([p[k] for p in parts]) for k in range(3))
     return accs, (val_loss, val_acc, cf_acc)
 

@@ -22,8 +22,12 @@ waiting: an env's steps run one after another, so the env that would finish last
 the epoch's end, and an env whose steps cost more, taken in turn, fell behind and
 trained, then validated, alone while the other cores waited (figures: benchmarks/
 README.md, "Design figures kept out of docstrings"). Work left is estimated from the
-env's own steps so far this epoch (:data:`VALIDATION_STEPS` of them for its
-validation). The order in which envs are taken changes nothing in any env's results.
+env's own steps so far this epoch, plus its validation: the seconds the caller expects it
+to take (its last epoch's, measured), else :data:`VALIDATION_STEPS` of its steps. An env
+whose validation carries counterfactual replicas validates several times longer than
+one without, and once its validation is known to be long it trains first, so that it does
+not validate alone at the epoch's end. The order in which envs are taken changes nothing
+in any env's results.
 The calling thread draws the loader's batches once, as the workers train (collation
 overlaps training), then the validation batches; a batch is let go once every env has
 trained on it.
@@ -35,7 +39,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
@@ -74,10 +78,14 @@ def threads_per_worker(workers: int) -> int:
 class _Schedule(Generic[T, V, R]):
     """Shared state of one :func:`run_env_steps` call, guarded by ``cond``."""
 
-    def __init__(self, n_envs: int, expected: int) -> None:
+    def __init__(
+        self, n_envs: int, expected: int, finish_seconds: Sequence[float | None] | None = None
+    ) -> None:
         self.cond = threading.Condition()
         #: Batches the epoch is known to hold (``len`` of the iterable, else 0).
         self.expected = expected
+        #: Seconds each env's finish is expected to take (None: unknown).
+        self.finish_seconds = list(finish_seconds) if finish_seconds else [None] * n_envs
         #: Seconds each env's steps took so far.
         self.spent = [0.0] * n_envs
         self.drawn: list[T | None] = []
@@ -112,7 +120,8 @@ class _Schedule(Generic[T, V, R]):
 
     def _work_left(self, env: int) -> float:
         """Seconds ``env`` has left, at its own mean step so far (the envs' mean before
-        its first step; all equal before any step)."""
+        its first step; all equal before any step), its finish at the seconds expected of
+        it or at :data:`VALIDATION_STEPS` steps."""
         done = self.next_batch[env]
         if done:
             per_step = self.spent[env] / done
@@ -120,7 +129,10 @@ class _Schedule(Generic[T, V, R]):
             timed = [s / n for s, n in zip(self.spent, self.next_batch, strict=True) if n]
             per_step = sum(timed) / len(timed) if timed else 1.0
         batches = max(self.expected, len(self.drawn))
-        return (batches - done + VALIDATION_STEPS) * per_step
+        finish = self.finish_seconds[env]
+        if finish is None:
+            return (batches - done + VALIDATION_STEPS) * per_step
+        return (batches - done) * per_step + finish
 
     def stepped(self, env: int, seconds: float) -> None:
         """``env`` trained on its batch in ``seconds``: put it back, and let go of batches
@@ -156,9 +168,12 @@ def run_env_steps(
     tail: Callable[[], V],
     step: Callable[[int, int, T], None],
     finish: Callable[[int, V], R],
+    finish_seconds: Sequence[float | None] | None = None,
 ) -> list[R]:
     """``step(env, b, batch)`` for every env on every batch in order, then ``finish(env,
     tail())``, in ``workers`` threads; the ``finish`` results in env order.
+    ``finish_seconds[env]``, where given, is how long ``env``'s finish is expected to take
+    (None: unknown); it only orders the work.
 
     The calling thread iterates ``batches`` once while the workers run, then calls
     ``tail`` once (the validation batches). Each env's steps run one after another, in one
@@ -169,7 +184,12 @@ def run_env_steps(
     raised by a step, a finish, ``batches`` or ``tail`` is raised after every worker has
     stopped.
     """
-    plan: _Schedule[T, V, R] = _Schedule(n_envs, _known_length(batches))
+    if finish_seconds is not None and len(finish_seconds) != n_envs:
+        raise ValueError(
+            f"finish_seconds holds {len(finish_seconds)} entries for {n_envs} envs; give one "
+            "per env (None where unknown)"
+        )
+    plan: _Schedule[T, V, R] = _Schedule(n_envs, _known_length(batches), finish_seconds)
     cond = plan.cond
     per_worker = threads_per_worker(workers)
 
