@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from esper import heap
 from esper.cli import main
 from esper.contracts.evaluation import DEFAULT_CONTROLLERS as CONTROLLERS
+from esper.evaluation import evaluate as evaluate_module
 from esper.evaluation.evaluate import evaluate, evaluation_config
 from esper.mdp.env import MorphogeneticVecEnv
 from esper.report.statistics import paired_difference
@@ -259,3 +261,24 @@ def test_bad_evaluate_options_are_one_line_naming_the_option_before_any_work(
     assert main(["evaluate", "--ckpt", str(missing), *words]) == BAD_INPUT_STATUS
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and named in err, err
+
+
+def test_the_episodes_run_with_freed_memory_kept_and_hand_it_back_after(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its hosts train as a fit's do (``esper.heap``), and nothing is kept once it ends."""
+    for name in ("GLIBC_TUNABLES", *heap.MALLOC_ENVIRONMENT):
+        monkeypatch.delenv(name, raising=False)
+    applied = heap.keep_freed_memory(heap.HeapRetention())  # False where not glibc
+    heap.release_freed_memory(heap.HeapRetention())
+    real_compare = evaluate_module.compare
+    holders: list[int] = []
+
+    def watching(*args, **kwargs):  # type: ignore[no-untyped-def]
+        holders.append(len(heap._holders))
+        return real_compare(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate_module, "compare", watching)
+    evaluate(checkpoint, episodes=1, controllers=("no_growth",))
+    assert holders == [1 if applied else 0]
+    assert heap._holders == []
