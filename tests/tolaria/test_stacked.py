@@ -910,6 +910,34 @@ def test_a_member_blending_a_seed_in_sees_it_in_its_own_incubation_pass() -> Non
     run_both(lambda: planted(plan), image_loaders(n_train=24, batch=8))
 
 
+def test_masked_alphas_are_made_once_a_group_epoch_not_once_a_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A mixed slot (env 0 incubates stage0's seed, env 1 blends it in) masks its alpha
+    for the host's pass and for the incubation pass; those change only between epochs,
+    so each is made once a group epoch (validation reuses the host pass's), whatever
+    the steps: 3 and 6 steps an epoch make the same two."""
+    plan: Plan = [
+        [("stage0", "conv_light", BlendMode.LINEAR, SeedStage.TRAINING)],
+        [("stage0", "conv_light", BlendMode.LINEAR, SeedStage.BLENDING)],
+    ]
+    made: list[bool] = []
+    real = stacked_module._masked_buffers
+
+    def counting(stacked, buffers, incubating):  # type: ignore[no-untyped-def]
+        made.append(incubating)
+        return real(stacked, buffers, incubating)
+
+    monkeypatch.setattr(stacked_module, "_masked_buffers", counting)
+    for n_train in (24, 48):  # batches of 8: 3 and 6 steps
+        made.clear()
+        envs = planted(plan)
+        assert stack_groups(envs) == ([[0, 1]], [])
+        train, val = image_loaders(n_train=n_train, batch=8)
+        run_epoch(envs, train, val, STACKED)
+        assert made == [False, True]
+
+
 def test_members_whose_shares_of_a_short_last_batch_are_empty_skip_it_as_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

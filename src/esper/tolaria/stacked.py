@@ -58,7 +58,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -521,6 +521,10 @@ class _Stacked:
     no_grad: Tensor
     seen: int = 0
     last_batch: tuple[Tensor, Tensor] | None = None
+    #: The masked alphas and scales ``_with_missing`` puts in the buffers, for the host's
+    #: pass and validation (False) and the incubation pass (True): they change only
+    #: between epochs, when lifecycle ops move them, so each is made once a group epoch.
+    masked_buffers: dict[bool, dict[str, Tensor]] = field(default_factory=dict)
 
 
 def _with_missing(
@@ -546,23 +550,28 @@ def _with_missing(
             name: torch.where(has, params[name], _NO_GATE_LOGIT)
             for name, has in stacked.gate_masks.items()
         }
+    masked = stacked.masked_buffers.get(incubating)
+    if masked is None:
+        masked = stacked.masked_buffers[incubating] = _masked_buffers(stacked, buffers, incubating)
+    return params, buffers | masked if masked else buffers
+
+
+def _masked_buffers(
+    stacked: _Stacked, buffers: dict[str, Tensor], incubating: bool
+) -> dict[str, Tensor]:
+    """The alphas and incubation scales :func:`_with_missing` replaces, as it replaces
+    them (its docstring says how)."""
     masks = stacked.alpha_masks | (stacked.incubation_masks if incubating else {})
-    if masks:
-        buffers = buffers | {
-            name: torch.where(has, buffers[name], 0.0) for name, has in masks.items()
-        }
-    if stacked.mixed:  # a seed some members blend in and others incubate
-        buffers = buffers | {
-            mixed.alpha: (
-                torch.where(mixed.blending, buffers[mixed.alpha], mixed.training_alpha)
-                if mixed.keeps_alpha
-                else mixed.training_alpha
-            )
-            if incubating
-            else torch.where(mixed.blending, buffers[mixed.alpha], 0.0)
-            for mixed in stacked.mixed
-        }
-    return params, buffers
+    masked = {name: torch.where(has, buffers[name], 0.0) for name, has in masks.items()}
+    for mixed in stacked.mixed:  # a seed some members blend in and others incubate
+        alpha = masked.get(mixed.alpha, buffers[mixed.alpha])
+        if not incubating:
+            masked[mixed.alpha] = torch.where(mixed.blending, alpha, 0.0)
+        elif mixed.keeps_alpha:
+            masked[mixed.alpha] = torch.where(mixed.blending, alpha, mixed.training_alpha)
+        else:
+            masked[mixed.alpha] = mixed.training_alpha
+    return masked
 
 
 def _on_rows(rows: Tensor, grad: Tensor) -> Tensor:
