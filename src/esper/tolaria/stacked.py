@@ -553,7 +553,9 @@ def _with_missing(
     masked = stacked.masked_buffers.get(incubating)
     if masked is None:
         masked = stacked.masked_buffers[incubating] = _masked_buffers(stacked, buffers, incubating)
-    return params, buffers | masked if masked else buffers
+    if masked:
+        buffers = buffers | masked
+    return params, buffers
 
 
 def _masked_buffers(
