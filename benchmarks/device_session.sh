@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # Issue 35's device checks in ONE call of the `device` tool, for a session whose 15 minutes
 # of device time must hold the machine's start too (a minute or two). Parts, each under
-# its own timeout, run in the order ESPER_DEVICE_PARTS names them. All twelve take up to
-# 1870 s, more than one call's 600: the default, "tests cuda_updates ppo", takes up to
-# 490 s (whether the PPO update on the CPU, --model.learner_device cpu, makes a CUDA
-# update faster, and Esper's steady seconds an update there), which with a start (about
-# 100 s) leaves about 300 s for a second call: "cuda_side" (esper-lite's figure beside
-# Esper's), or "cpu_side cpu_stacked" (the 16-core goal), or "profile".
+# its own timeout, run in the order ESPER_DEVICE_PARTS names them. All thirteen take up to
+# 2080 s, more than one call's 600: the default, "tests graphs cuda_updates", takes up to
+# 600 s (whether recording stacked steps as CUDA graphs holds and pays, then Esper's
+# steady seconds an update without them, with the PPO update where the policy acts and
+# on the CPU); a second call fits only if the first ends early: "cuda_side" (esper-lite's
+# figure beside Esper's), or "cpu_side cpu_stacked" (the 16-core goal), or "profile".
 #   tests      every CUDA test (stacked against per-env, streams, AMP, reads, the
-#              fused replay, the auto engine in rollouts, the profile's tally)   90 s
+#              fused replay, the auto engine in rollouts, the profile's tally, stacked
+#              steps recorded as CUDA graphs against unrecorded ones)            90 s
+#   graphs     --model.cuda_graphs (esper.tolaria.step_graph), never yet run on a GPU:
+#              benchmarks/gpu.py, predecessor's host at 4, 16 and 64 envs, stacked
+#              against stacked_graphs (issue 35's 0.35 ms a host step at 16 envs),
+#              then update_profile.py on CUDA, 16 envs, with cuda_graphs on: seconds
+#              an update and its phases (against cuda_updates' first figure)    210 s
 #   profile    benchmarks/update_profile.py on CUDA, 16 envs, 2 updates: where an
 #              update's seconds go (3.2 s at 78e9838), each phase's kernels, waits
 #              for the device and copies (--counts), and the CPU time of CUDA's own
@@ -47,7 +53,7 @@
 #              85 s here)                                                  150 s
 # Here first: bash benchmarks/cpu_session.sh prepare  (wheels and esper-lite, ignored by git)
 # There:      run(command="bash benchmarks/device_session.sh", carry=[".whl", ".peer"],
-#                 timeout_s=540)   (.whl/.peer: the *_side parts; ESPER_DEVICE_PARTS=...
+#                 timeout_s=600)   (.whl/.peer: the *_side parts; ESPER_DEVICE_PARTS=...
 #                 in front of the command picks others)
 # Every figure lands in $OUT (machine.txt and one file a part). ESPER_GPU_DEVICE=cpu runs
 # the parts that take a device on a CPU, to try the script.
@@ -107,6 +113,13 @@ part() {
       timeout 30 "$py" benchmarks/dispatch.py --device "$device" 2>&1 | tee "$out/dispatch.txt"
       timeout 30 "$py" benchmarks/dispatch.py --device "$device" --grown 2>&1 \
         | tee "$out/dispatch_grown.txt" ;;
+    graphs)
+      timeout 90 "$py" benchmarks/gpu.py --device "$device" --hosts predecessor \
+        --n-envs 4 16 64 --epochs 1 --engines stacked stacked_graphs 2>&1 \
+        | tee "$out/gpu_bench_graphs.txt"
+      timeout 120 "$py" benchmarks/update_profile.py --device "$device" --n-envs 16 \
+        --updates 3 --repeats 1 -- --model.cuda_graphs true 2>&1 \
+        | tee "$out/cuda_updates_graphs.txt" ;;
     cuda_updates)
       timeout 150 "$py" benchmarks/update_profile.py --device "$device" --n-envs 16 \
         --updates 4 --repeats 2 2>&1 | tee "$out/cuda_updates.txt"
@@ -124,12 +137,12 @@ part() {
         2>&1 | tee "$out/cpu_workers.txt" ;;
     cpu_heap)
       timeout 150 "$py" benchmarks/heap.py --n-envs 4 --rounds 2 2>&1 | tee "$out/cpu_heap.txt" ;;
-    *) echo "unknown part $1 (tests profile cpu_profile cpu_stacked ppo gpu launch cuda_updates cuda_side cpu_side workers cpu_heap)"; return 2 ;;
+    *) echo "unknown part $1 (tests graphs profile cpu_profile cpu_stacked ppo gpu launch cuda_updates cuda_side cpu_side workers cpu_heap)"; return 2 ;;
   esac
 }
 
-for name in ${ESPER_DEVICE_PARTS:-tests cuda_updates ppo}; do
-  case $name in *_side) [ "$device" = cuda ] || continue ;; esac
+for name in ${ESPER_DEVICE_PARTS:-tests graphs cuda_updates}; do
+  case $name in *_side|graphs) [ "$device" = cuda ] || continue ;; esac
   echo "== $name"
   part "$name"
 done

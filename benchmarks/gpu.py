@@ -20,7 +20,11 @@ counterfactual replicas). One warm-up epoch, then ``--epochs`` timed epochs:
 
 Each row is run by each of ``--engines`` (``HostTraining.engine``): ``per_env`` trains
 each env's host on its own (a CUDA stream each), ``stacked`` trains envs of one
-architecture as one mapped network (``esper.tolaria.stacked``). The hosts are fresh and
+architecture as one mapped network (``esper.tolaria.stacked``), and, on CUDA only,
+``stacked_graphs`` is ``stacked`` with each group's step recorded as a CUDA graph and
+replayed (``HostTraining.cuda_graphs``, ``esper.tolaria.step_graph``): a default engine
+there. Its device busy share and ops may miss the replayed kernels (the profiler sees a
+graph's kernels only where CUPTI traces graph replays); its host steps/s are the figure. The hosts are fresh and
 alike, so every env trains stacked with no seed to run: the best case for ``stacked``.
 ``--grown`` grows them apart as a fit does (``benchmarks/grown.py``: widenings at drawn
 stages, some merged), so a stacked group runs every seed any member runs, on every
@@ -30,7 +34,7 @@ It prints one table for benchmarks/README. On one H100 the defaults take about t
 minutes; ``--n-envs 2 --epochs 1 --train-images 64`` runs it in seconds on a CPU.
 
 Usage: ``python benchmarks/gpu.py [--device cuda] [--n-envs 4 16 64] [--epochs 2]
-[--hosts predecessor gpu] [--engines per_env stacked] [--grown]``
+[--hosts predecessor gpu] [--engines per_env stacked stacked_graphs] [--grown]``
 """
 
 from __future__ import annotations
@@ -57,6 +61,15 @@ IMAGE_SHAPE = (3, 32, 32)
 CLASSES = 10
 #: Validation images, as issue 35's work (1 000 train / 200 validation).
 VAL_IMAGES = 200
+#: The stacked engine with its step recorded as a CUDA graph (CUDA only).
+GRAPHS = "stacked_graphs"
+
+
+def host_training(engine: str) -> HostTraining:
+    """How ``engine`` (one of ``ENGINES``, or :data:`GRAPHS`) trains the hosts."""
+    if engine == GRAPHS:
+        return HostTraining(engine="stacked", cuda_graphs=True)
+    return HostTraining(engine=engine)
 
 
 def make_batches(
@@ -137,7 +150,7 @@ def measure(
         grown_apart(envs)
     train, val = make_batches(n_envs, spec["images_per_env_step"], args.train_images, device)
 
-    training = HostTraining(engine=engine)
+    training = host_training(engine)
 
     def epoch() -> None:
         run_epoch(envs, train, val, training)
@@ -170,10 +183,19 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--hosts", nargs="+", default=list(HOSTS), choices=list(HOSTS))
     parser.add_argument("--train-images", type=int, default=1000, help="per env per epoch")
-    parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    parser.add_argument(
+        "--engines",
+        nargs="+",
+        choices=[*ENGINES, GRAPHS],
+        help=f"default: {' '.join(ENGINES)}, and {GRAPHS} on CUDA",
+    )
     parser.add_argument("--grown", action="store_true", help="hosts grown apart, as in a fit")
     args = parser.parse_args()
     device = torch.device(args.device)
+    if args.engines is None:
+        args.engines = [*ENGINES, GRAPHS] if device.type == "cuda" else list(ENGINES)
+    if GRAPHS in args.engines and device.type != "cuda":
+        parser.error(f"{GRAPHS} records CUDA graphs: it needs --device cuda")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(
         f"host training on {name} ({device}), torch {torch.__version__}, "

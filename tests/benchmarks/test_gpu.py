@@ -48,3 +48,17 @@ def test_grown_hosts_train_stacked_in_one_group_and_say_so(
     assert "hosts grown apart" in out
     assert [line for line in out.splitlines() if line.startswith("| predecessor | 4 | stacked")]
     assert steps and set(steps) == {4}  # the grown envs train as one group
+
+
+def test_recorded_steps_are_a_cuda_engine_and_refused_on_a_cpu(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A row named for CUDA graphs must time CUDA graphs: on a CPU nothing records, so
+    the engine is refused there rather than timing the unrecorded step under its name."""
+    assert gpu.host_training("stacked_graphs").cuda_graphs
+    assert not gpu.host_training("stacked").cuda_graphs
+    argv = ["gpu.py", "--device", "cpu", "--engines", "stacked_graphs"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit):
+        gpu.main()
+    assert "needs --device cuda" in capsys.readouterr().err

@@ -141,15 +141,28 @@ def test_the_policy_acts_and_bootstraps_at_its_own_thread_count() -> None:
         ),
     ],
 )
-@pytest.mark.parametrize("engine", ["per_env", "stacked"])
+@pytest.mark.parametrize("engine", ["per_env", "stacked", "stacked_graphs"])
 def test_a_rollout_that_widens_and_merges_still_reads_the_device_once_per_host_epoch(
     device: str, engine: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Widening seeds (their gradient-chosen start, blending through new channels and the
     merge at fossilize) add no read: every env trains in the main thread here, where the
     counter sees every read; the stacked engine (the scripted controller grows both envs
-    alike, so they train as one group) adds none either."""
+    alike, so they train as one group) adds none either, nor does recording its step as a
+    CUDA graph (on a CPU, to a graph's rules: ``tests/tolaria/op_tape.py``)."""
     import dataclasses
+
+    from esper.tolaria import step_graph
+    from tests.tolaria.op_tape import TapeRecorder
+
+    recorders: list[TapeRecorder] = []
+
+    def tape(on: torch.device) -> TapeRecorder:
+        recorders.append(TapeRecorder(on))
+        return recorders[-1]
+
+    if engine == "stacked_graphs" and device == "cpu":
+        monkeypatch.setitem(step_graph.RECORDERS, "cpu", tape)
 
     from esper.kasmina import LifecycleConfig
     from esper.mdp.env import MorphogeneticVecEnv
@@ -171,7 +184,8 @@ def test_a_rollout_that_widens_and_merges_still_reads_the_device_once_per_host_e
         widen_init="gradient",
         lifecycle=fast,
         cpu_workers=1,
-        engine=engine,
+        engine=engine.removesuffix("_graphs"),
+        cuda_graphs=engine == "stacked_graphs",
     )
     env = MorphogeneticVecEnv(config, small_data(), device)
     config = dataclasses.replace(
@@ -189,7 +203,9 @@ def test_a_rollout_that_widens_and_merges_still_reads_the_device_once_per_host_e
     assert counter.count == summary.packed_transfers == epochs, counter.report()
     assert summary.seeds_fossilized.sum() > 0
     assert any(slot.merged for host in env.hosts for slot in host.model.iter_slots())
-    assert bool(stacked_steps) == (engine == "stacked")
+    assert bool(stacked_steps) == engine.startswith("stacked")
     # The summary's share is counted from the samples each env trained stacked.
-    assert (summary.stacked_share > 0) == (engine == "stacked")
+    assert (summary.stacked_share > 0) == engine.startswith("stacked")
+    if recorders:
+        assert sum(r.replays for r in recorders) > 0
     assert 0 <= summary.stacked_share <= 1

@@ -71,6 +71,9 @@ class EnvConfig:
     #: ``esper.tolaria.stacked``). Results agree up to float rounding. "auto": stacked
     #: where every host is on a GPU, per_env elsewhere (``ENGINE_CHOICES``).
     engine: str = "auto"
+    #: A stacked group on a GPU records its training step as a CUDA graph once a group
+    #: epoch and replays it (``esper.tolaria.step_graph``). Results are unchanged.
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         with owned_by(self):
@@ -79,7 +82,14 @@ class EnvConfig:
                     "pairing", f"must be an esper.mdp.pairing.Pairing, got {self.pairing!r}"
                 )
             require_choice("widen_init", self.widen_init, WIDEN_INITS)
-            check_host_training(self.on_oom, self.compile, self.amp, self.cpu_workers, self.engine)
+            check_host_training(
+                self.on_oom,
+                self.compile,
+                self.amp,
+                self.cpu_workers,
+                self.engine,
+                self.cuda_graphs,
+            )
             if self.devices is not None and not self.devices:
                 raise ConfigError("devices", "is empty; pass null to use the module's device")
             require_int("n_envs", self.n_envs, 1)
@@ -108,6 +118,7 @@ class EnvConfig:
             paired_group=self.paired_group,
             cpu_workers=self.cpu_workers,
             engine=self.engine,
+            cuda_graphs=self.cuda_graphs,
         )
 
     @property

@@ -103,6 +103,9 @@ class PPOModule(LightningModule):
             network mapped over them, in fewer kernel launches (not with ``compile`` or
             ``amp=fp16``); ``auto`` (default): stacked where every host is on a GPU,
             per_env elsewhere.
+        cuda_graphs: a stacked group on a GPU records its training step as a CUDA graph
+            once a group epoch and replays it: a step's launches become one. Results are
+            unchanged; off by default until measured on a GPU (benchmarks/README.md).
         learner_device: where the PPO update runs: None (default) where the policy acts
             (the hosts' device); ``cpu`` on a copy of the policy on the CPU while it acts
             on the GPU, for an update of many small operators that a GPU's launching
@@ -132,6 +135,7 @@ class PPOModule(LightningModule):
         devices: list[str] | None = None,
         engine: str = "auto",
         learner_device: str | None = None,
+        cuda_graphs: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -155,6 +159,7 @@ class PPOModule(LightningModule):
             amp=amp,
             devices=tuple(devices) if devices is not None else None,
             engine=engine,
+            cuda_graphs=cuda_graphs,
         )
         self.policy_config = as_config(PolicyConfig, policy)
         self.ppo_config = as_config(PPOConfig, ppo)

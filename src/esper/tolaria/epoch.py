@@ -159,6 +159,7 @@ def run_epoch(
         scalers=scalers if amp == "fp16" else None,
         paired_group=paired_group,
         compiled=compile,
+        cuda_graphs=training.cuda_graphs,
     )
     workers = resolve_workers(training.cpu_workers, len(envs))
     stacked = training.stacks(env.device for env in envs)
@@ -208,6 +209,8 @@ class _Options:
     scalers: dict[torch.device, torch.amp.GradScaler] | None
     paired_group: int | None = None
     compiled: bool = False
+    #: Stacked groups record their step as a CUDA graph (``esper.tolaria.step_graph``).
+    cuda_graphs: bool = False
 
 
 def _train(
@@ -307,7 +310,12 @@ def _train_batches(
         members, apart = by_share_size(members, size, len(envs), options.paired_group, MIN_GROUP)
         alone = sorted(alone + apart)
     groups = [
-        StackedGroup([envs[i] for i in g], [accs[i] for i in g], [views[i] for i in g])
+        StackedGroup(
+            [envs[i] for i in g],
+            [accs[i] for i in g],
+            [views[i] for i in g],
+            graphs=options.cuda_graphs,
+        )
         for g in members
     ]
     env_devices = [env.device for env in envs]  # a parameter lookup each: once an epoch

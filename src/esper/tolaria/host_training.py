@@ -44,7 +44,12 @@ ENGINE_CHOICES: tuple[str, ...] = ("auto", *ENGINES)
 
 
 def check_host_training(
-    on_oom: object, compile: object, amp: object, cpu_workers: object, engine: object = "auto"
+    on_oom: object,
+    compile: object,
+    amp: object,
+    cpu_workers: object,
+    engine: object = "auto",
+    cuda_graphs: object = False,
 ) -> None:
     """The checks of the user-set fields, for whichever config holds them."""
     require_choice("on_oom", on_oom, OOM_POLICIES)
@@ -53,6 +58,7 @@ def check_host_training(
     if cpu_workers is not None:
         require_int("cpu_workers", cpu_workers, 1, hint="or null for every core")
     require_choice("engine", engine, ENGINE_CHOICES)
+    require_bool("cuda_graphs", cuda_graphs)
     if engine == "stacked" and (compile or amp == "fp16"):
         setting = "compile=true" if compile else "amp=fp16"
         raise ConfigError(
@@ -60,13 +66,28 @@ def check_host_training(
             f"'stacked' does not run with {setting} (a stacked step is neither compiled nor "
             "scaled per env); use engine=per_env, or turn compile off and amp to off or bf16",
         )
+    if cuda_graphs and (engine == "per_env" or compile or amp == "fp16"):
+        setting = (
+            "engine=per_env" if engine == "per_env" else "compile=true" if compile else "amp=fp16"
+        )
+        raise ConfigError(
+            "cuda_graphs",
+            f"records stacked groups' steps, and {setting} trains none stacked; set engine "
+            "to auto or stacked (with compile off and amp off or bf16), or cuda_graphs to false",
+        )
 
 
-def autocast_to(device_type: str, dtype: torch.dtype | None) -> AbstractContextManager:
+def autocast_to(
+    device_type: str, dtype: torch.dtype | None, cache: bool = True
+) -> AbstractContextManager:
     """Autocast to ``dtype`` on ``device_type``; in full precision (None) no autocast
     object at all: a training step's Python holds the lock that the CPU worker threads
-    share (``esper.tolaria.parallel``). One object serves several ``with`` blocks."""
-    return nullcontext() if dtype is None else torch.autocast(device_type, dtype=dtype)
+    share (``esper.tolaria.parallel``). One object serves several ``with`` blocks.
+    ``cache`` False: no cache of cast weights, which a step recorded as a CUDA graph must
+    not keep (``esper.tolaria.step_graph``)."""
+    if dtype is None:
+        return nullcontext()
+    return torch.autocast(device_type, dtype=dtype, cache_enabled=cache)
 
 
 @dataclass(frozen=True)
@@ -93,6 +114,11 @@ class HostTraining:
             to float rounding), the rest on their own. Not with ``compile`` or
             ``amp="fp16"``. ``"auto"`` (default): stacked where every host is on a GPU
             and neither of those is set, per_env elsewhere (:data:`ENGINE_CHOICES`).
+        cuda_graphs: a stacked group on a GPU records its training step as a CUDA graph
+            once a group epoch and replays it (``esper.tolaria.step_graph``): a step's
+            launches become one. Results equal the unrecorded step's. Not with
+            ``engine="per_env"``, ``compile`` or ``amp="fp16"``; off the GPU, and for envs
+            that train on their own, it changes nothing.
     """
 
     on_oom: str = "raise"
@@ -101,10 +127,18 @@ class HostTraining:
     paired_group: int | None = None
     cpu_workers: int | None = None
     engine: str = "auto"
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         with owned_by(self):
-            check_host_training(self.on_oom, self.compile, self.amp, self.cpu_workers, self.engine)
+            check_host_training(
+                self.on_oom,
+                self.compile,
+                self.amp,
+                self.cpu_workers,
+                self.engine,
+                self.cuda_graphs,
+            )
             if self.paired_group is not None:
                 require_int("paired_group", self.paired_group, 1)
 

@@ -33,7 +33,9 @@ members share and where they differ is read once as it forms
 (``esper.tolaria.stacked_plan``). A group is formed at the start of an epoch, validates
 from its stacked tensors at the end (``esper.tolaria.stacked_validation``) and is then
 written back into its envs: lifecycle ops, rollback and checkpoints run between epochs on
-the envs' own tensors, as before. Within an epoch nothing changes which parameters exist,
+the envs' own tensors, as before. On a GPU, with ``HostTraining.cuda_graphs``, its step
+is recorded as a CUDA graph once a group epoch and replayed (``esper.tolaria.step_graph``):
+the step's device work is kept apart from its host-side bookkeeping for that. Within an epoch nothing changes which parameters exist,
 so the grouping holds. What cannot be stacked trains on the per-env path: an env alone in
 its group, a batch whose shares differ in size from the first batch's (a loader's shorter
 last batch; the group is written back first), and a group that ran out of memory (its envs
@@ -78,6 +80,7 @@ from esper.tolaria.stack_grouping import (
 )
 from esper.tolaria.stacked_norm import batch_norms, batch_norms_unfolded
 from esper.tolaria.stacked_plan import GroupPlan
+from esper.tolaria.step_graph import GraphedStep, recorder_for
 from esper.tolaria.swapped import Swapped
 
 #: A missing gate's logit in a group's forward: sigmoid(inf) is exactly 1, so the seed's
@@ -100,6 +103,7 @@ class StackedGroup:
         envs: Sequence[GrowingHost],
         accs: Sequence[EnvAccumulator],
         views: Sequence[EnvView] | None = None,
+        graphs: bool = False,
     ) -> None:
         if len(envs) < MIN_GROUP or len(envs) != len(accs):
             raise ValueError(
@@ -118,6 +122,9 @@ class StackedGroup:
         self._norms = batch_norms(self.template)
         self._forward = vmap(_forward(self.template), randomness="different")
         self._stacked: _Stacked | None = None
+        #: Records the step as a CUDA graph (``esper.tolaria.step_graph``): None where
+        #: not asked for, or where the group's device has no recorder.
+        self._recorder = recorder_for(self.envs[0].device) if graphs else None
 
     @property
     def size(self) -> int:
@@ -134,6 +141,25 @@ class StackedGroup:
         stacked = self._stacked if self._stacked is not None else self._stack()
         self._stacked = stacked
         self.template.check_input(x[0])  # host-side shape check, outside vmap
+
+        def device_step(x: Tensor, y: Tensor) -> None:
+            self._device_step(stacked, x, y, autocast_dtype)
+
+        if self._recorder is None:
+            device_step(x, y)
+        else:
+            if stacked.graphed is None:
+                stacked.graphed = GraphedStep(device_step, self._recorder)
+            x, y = stacked.graphed(x, y)  # where the step read them: its inputs if replayed
+        # Host-side bookkeeping, at every step: a replayed graph repeats device work only.
+        stacked.seen += y[0].numel()
+        stacked.last_batch = (x, y)
+
+    def _device_step(
+        self, stacked: _Stacked, x: Tensor, y: Tensor, autocast_dtype: torch.dtype | None
+    ) -> None:
+        """The step's device work: nothing in it reads the device on the host or changes
+        what a later step reads on the host, so a CUDA graph may hold it."""
         # The forward moves buffers in place (batch-norm statistics, an incubating seed's
         # own): kept, so that a step that runs out of memory leaves the group as it was
         # and its members retrain the batch alone from there (``esper.tolaria.epoch``).
@@ -152,7 +178,8 @@ class StackedGroup:
     def _step(
         self, stacked: _Stacked, x: Tensor, y: Tensor, autocast_dtype: torch.dtype | None
     ) -> None:
-        autocast = autocast_to(x.device.type, autocast_dtype)
+        # A step recorded as a graph keeps no autocast cache of cast weights.
+        autocast = autocast_to(x.device.type, autocast_dtype, cache=self._recorder is None)
         for p in stacked.params.values():
             p.grad = None
         with self.template.mapped(), batch_norms_unfolded(self._norms), autocast:
@@ -167,13 +194,10 @@ class StackedGroup:
             self._incubation_backward(stacked, x, y, autocast)
         self._update_grad_flags(stacked)
         sgd_step(stacked.optimizers)
-        count = y[0].numel()
         loss = loss.detach()
-        stacked.loss_sum.add_(loss * count)
+        stacked.loss_sum.add_(loss * y[0].numel())
         stacked.correct.add_(correct)
         stacked.loss_finite.logical_and_(finite(loss))
-        stacked.seen += count
-        stacked.last_batch = (x, y)
 
     def _incubation_backward(
         self, stacked: _Stacked, x: Tensor, y: Tensor, autocast: AbstractContextManager
@@ -421,6 +445,9 @@ class StackedGroup:
         stacked, self._stacked = self._stacked, None
         if stacked is None:
             return
+        # Its step refers back to it: let the graph and its memory go now, not at the
+        # collector's next full pass.
+        stacked.graphed = None
         copies = Copies()
         for tensors, members in (
             (stacked.params, self.plan.params),
@@ -521,6 +548,8 @@ class _Stacked:
     no_grad: Tensor
     seen: int = 0
     last_batch: tuple[Tensor, Tensor] | None = None
+    #: The group epoch's step as a CUDA graph, made at its first step where recorded.
+    graphed: GraphedStep | None = None
     #: The masked alphas and scales ``_with_missing`` puts in the buffers, for the host's
     #: pass and validation (False) and the incubation pass (True): they change only
     #: between epochs, when lifecycle ops move them, so each is made once a group epoch.

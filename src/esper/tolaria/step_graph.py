@@ -1,0 +1,213 @@
+"""A stacked group's training step recorded once a group epoch and replayed: CUDA graphs.
+
+Why: on a GPU a stacked step of small hosts is a few hundred kernels of microseconds,
+and issuing them from Python (vmap's batching rules, autograd, the dispatcher) is the
+step's wall: 0.55 ms a host step at 16 envs of the predecessor's host on an H100, about
+60 operators at roughly 100 us of host time each (benchmarks/README.md, issue 35). A CUDA
+graph records the kernels of one step and replays them with one launch, so the host's
+side of a step becomes a copy of the batch and a replay.
+
+What a replay repeats is device work only, on the same memory. So the recorded step must
+read its batch from tensors that stay put (:class:`GraphedStep` copies each batch into
+them), must not read a device tensor on the host (the hot path's rule everywhere), and
+leaves its Python bookkeeping (samples seen, the last batch) to its caller, who does it at
+every call. Tensors the recorded step allocates (gradients, activations) live in the
+graph's memory pool for as long as the graph does.
+
+When: a group's tensors are stacked afresh each epoch (``esper.tolaria.stacked``), so a
+graph lives one group epoch. Of each layout of the batch (shapes, strides, dtypes), the
+first call runs as it is (it stacks the group, makes momentum buffers and masked alphas),
+the second runs on the recorder's stream (:meth:`Recorder.warm_up`: lazy set-ups such as
+a library's workspace happen outside capture, as torch's CUDA-graph notes ask), the third
+is recorded, then replayed, and every later call of that layout is replayed. A call of
+another layout (a loader's shorter last batch) runs as it is. A recording that fails
+(out of memory, or an operation a graph cannot hold, such as a plugin's host read) leaves
+nothing changed, since recording runs no kernel: that group epoch then runs as it is,
+with a warning that names the error.
+
+Which devices record: those with a :class:`Recorder` in :data:`RECORDERS` (CUDA). Elsewhere
+the step runs as it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
+
+import torch
+from torch import Tensor
+
+#: Calls of a layout that run unrecorded before the one that is recorded: the first (it
+#: stacks the group and makes what a step makes once) and a warm-up on the recording stream.
+CALLS_BEFORE_RECORDING = 2
+
+
+class Recorder(Protocol):
+    """Records a step's device work once and returns what replays it."""
+
+    def warm_up(self, step: Callable[[], None]) -> None:
+        """Run ``step`` as it is, where :meth:`record` will record it."""
+
+    def record(self, step: Callable[[], None]) -> Callable[[], None]:
+        """Record ``step``'s device work without running it; return its replay."""
+
+
+class CudaGraphRecorder:
+    """Records on a side stream of ``device`` into a ``torch.cuda.CUDAGraph``.
+
+    ``torch.cuda.graph`` would also synchronise the device and empty the caching
+    allocator before every capture (to free memory for the graph); a group records once
+    an epoch, and emptying the cache each time would hand the next epoch's allocations
+    back to ``cudaMalloc``. So this calls the graph's ``capture_begin``/``capture_end``
+    on the side stream itself, in ``thread_local`` mode (other threads, such as a
+    telemetry writer, may use CUDA meanwhile)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+
+    def warm_up(self, step: Callable[[], None]) -> None:
+        current = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            step()
+        current.wait_stream(self.stream)
+
+    def record(self, step: Callable[[], None]) -> Callable[[], None]:
+        graph = torch.cuda.CUDAGraph()
+        current = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                step()
+            except BaseException:
+                # End the (maybe invalidated) capture; the step's error is the one to see.
+                with contextlib.suppress(RuntimeError):
+                    graph.capture_end()
+                raise
+            graph.capture_end()
+        current.wait_stream(self.stream)
+        return graph.replay
+
+
+#: Recorders by device type; a device type not here runs every step as it is.
+RECORDERS: dict[str, Callable[[torch.device], Recorder]] = {"cuda": CudaGraphRecorder}
+
+
+def recorder_for(device: torch.device) -> Recorder | None:
+    """A recorder for ``device``, or None where its type has none."""
+    make = RECORDERS.get(device.type)
+    return None if make is None else make(device)
+
+
+class _Layout(NamedTuple):
+    shape: torch.Size
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+
+def _layout(t: Tensor) -> _Layout:
+    return _Layout(t.shape, t.stride(), t.dtype, t.device)
+
+
+class _StaticInput:
+    """Where a recorded step reads one input: ``view`` has the layout of the tensor it
+    was made from (an expanded leading dimension stays expanded, so the recorded kernels
+    are those a call of that tensor runs), ``target`` is what each call copies into."""
+
+    def __init__(self, like: Tensor) -> None:
+        self.expanded = like.dim() > 0 and like.shape[0] > 1 and like.stride(0) == 0
+        source = like[0] if self.expanded else like
+        # Same strides where ``source`` is dense (``preserve_format``).
+        self.target = torch.empty_like(source)
+        self.view = self.target.expand(like.shape) if self.expanded else self.target
+
+    def fill(self, t: Tensor) -> None:
+        self.target.copy_(t[0] if self.expanded else t, non_blocking=True)
+
+
+class GraphedStep:
+    """``step(x, y)`` recorded at the third call of a layout and replayed after it.
+
+    ``step`` does device work only (see the module docstring); each call returns the
+    ``(x, y)`` the step read (the static inputs where it replayed), for the caller's
+    bookkeeping. ``on_failure`` is called with the error when a recording fails (the
+    call then runs as it is, and so do all later ones).
+    """
+
+    def __init__(
+        self,
+        step: Callable[[Tensor, Tensor], None],
+        recorder: Recorder,
+        on_failure: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self._step = step
+        self._recorder = recorder
+        self._on_failure = on_failure or _warn_unrecorded
+        self._layout: tuple[_Layout, _Layout] | None = None
+        self._calls = 0
+        self._inputs: tuple[_StaticInput, _StaticInput] | None = None
+        self._replay: Callable[[], None] | None = None
+        self._failed = False
+        #: Calls replayed, recorded and run as they are (host-side counts, for tests and
+        #: benchmarks: what share of a group's steps the graph took).
+        self.replays = 0
+        self.recordings = 0
+        self.unrecorded = 0
+
+    def __call__(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        layout = (_layout(x), _layout(y))
+        if self._replay is not None and layout == self._layout:
+            assert self._inputs is not None
+            for static, t in zip(self._inputs, (x, y), strict=True):
+                static.fill(t)
+            self._replay()
+            self.replays += 1
+            return self._inputs[0].view, self._inputs[1].view
+        if self._failed or self._replay is not None:
+            return self._unrecorded(x, y)
+        if layout != self._layout:
+            self._layout, self._calls = layout, 0
+        self._calls += 1
+        if self._calls <= CALLS_BEFORE_RECORDING:
+            if self._calls == CALLS_BEFORE_RECORDING:
+                self._recorder.warm_up(lambda: self._step(x, y))
+                self.unrecorded += 1
+                return x, y
+            return self._unrecorded(x, y)
+        return self._record_and_replay(x, y)
+
+    def _unrecorded(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        self._step(x, y)
+        self.unrecorded += 1
+        return x, y
+
+    def _record_and_replay(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        inputs = (_StaticInput(x), _StaticInput(y))
+        for static, t in zip(inputs, (x, y), strict=True):
+            static.fill(t)
+        try:
+            replay = self._recorder.record(lambda: self._step(inputs[0].view, inputs[1].view))
+        except RuntimeError as error:  # torch.OutOfMemoryError among them
+            self._failed = True
+            self._on_failure(error)
+            return self._unrecorded(x, y)
+        self._inputs, self._replay = inputs, replay
+        self.recordings += 1
+        replay()
+        self.replays += 1
+        return inputs[0].view, inputs[1].view
+
+
+def _warn_unrecorded(error: BaseException) -> None:
+    warnings.warn(
+        f"cuda_graphs: a stacked group's training step could not be recorded as a CUDA "
+        f"graph ({type(error).__name__}: {error}); that group trains this epoch without "
+        "one. Results are unchanged; set cuda_graphs to false to stop trying.",
+        RuntimeWarning,
+        stacklevel=3,
+    )

@@ -1,0 +1,342 @@
+"""Stacked steps recorded once a group epoch and replayed (``esper.tolaria.step_graph``).
+
+On a CPU the recorder is ``tests/tolaria/op_tape.TapeRecorder``, which holds a step to a
+CUDA graph's rules (device work only, on fixed memory, no host reads) and runs the same
+kernels, so a recorded epoch must equal an unrecorded one bit for bit. The CUDA tests at
+the end run the real recorder where a GPU is at hand.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from torch.utils.data import DataLoader
+
+from esper.contracts.config_errors import ConfigError
+from esper.kasmina import GrowingHost
+from esper.mdp.env_config import EnvConfig
+from esper.tolaria import step_graph
+from esper.tolaria.epoch import run_epoch
+from esper.tolaria.host_training import HostTraining
+from esper.tolaria.step_graph import CALLS_BEFORE_RECORDING, GraphedStep
+from tests.simic.recorded_fit import recorded_fit
+from tests.tolaria.grown import Grown, float64_default, grown_envs
+from tests.tolaria.loaders import image_loaders
+from tests.tolaria.op_tape import HostReadWhileRecording, TapeRecorder
+from tests.tolaria.test_stacked import (
+    assert_close_results,
+    assert_close_states,
+    cnn_envs,
+    envs_of_different_widths,
+)
+
+
+@pytest.fixture
+def taped(monkeypatch: pytest.MonkeyPatch) -> list[TapeRecorder]:
+    """CPU groups record on the tape; the recorders made, one per group epoch."""
+    made: list[TapeRecorder] = []
+
+    def make(device: torch.device) -> TapeRecorder:
+        made.append(TapeRecorder(device))
+        return made[-1]
+
+    monkeypatch.setitem(step_graph.RECORDERS, "cpu", make)
+    return made
+
+
+# ---------------------------------------------------------------- GraphedStep alone
+class Calls:
+    """A step that notes the inputs it is called with and adds their sum to a total."""
+
+    def __init__(self) -> None:
+        self.total = torch.zeros(())
+        self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.seen.append((x, y))
+        self.total.add_(x.sum() + y.sum())
+
+
+def batches(n: int, shape: tuple[int, ...] = (2, 3)) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [
+        (torch.randn(*shape, generator=g), torch.randn(shape[0], generator=g)) for _ in range(n)
+    ]
+
+
+def test_a_layout_runs_twice_as_it_is_then_is_recorded_and_replayed() -> None:
+    """The first call stacks, the second warms up, the third is recorded and replayed,
+    later ones replayed: every batch counted once, from the recorded inputs after."""
+    calls, recorder = Calls(), TapeRecorder()
+    graphed = GraphedStep(calls, recorder)
+    data = batches(6)
+    read = [graphed(x, y) for x, y in data]
+    assert CALLS_BEFORE_RECORDING == 2
+    assert (graphed.unrecorded, graphed.recordings, graphed.replays) == (2, 1, 4)
+    assert recorder.replays == 4
+    expected = sum(x.sum() + y.sum() for x, y in data)
+    torch.testing.assert_close(calls.total, expected, rtol=1e-6, atol=1e-6)
+    assert read[0][0] is data[0][0] and read[1][0] is data[1][0]
+    static = read[2][0]
+    assert all(r[0] is static for r in read[2:])  # the recorded input, refilled each call
+    assert torch.equal(static, data[-1][0])
+
+
+def test_another_layout_runs_as_it_is_and_the_recorded_one_still_replays() -> None:
+    """A shorter batch (a loader's last) is not recorded; its step runs as it is."""
+    calls = Calls()
+    graphed = GraphedStep(calls, TapeRecorder())
+    long, short = batches(4), batches(2, shape=(1, 3))
+    for x, y in long[:3] + short + long[3:]:
+        graphed(x, y)
+    assert (graphed.unrecorded, graphed.recordings, graphed.replays) == (4, 1, 2)
+    expected = sum(x.sum() + y.sum() for x, y in long + short)
+    torch.testing.assert_close(calls.total, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_an_expanded_input_is_recorded_expanded() -> None:
+    """Paired envs train on one share expanded over the group: the recorded input keeps
+    the expansion (stride 0), so the recorded kernels are those of an unrecorded call."""
+    calls = Calls()
+    graphed = GraphedStep(calls, TapeRecorder())
+    for x, y in batches(4, shape=(1, 3)):
+        read_x, _ = graphed(x.expand(5, 3), y.expand(5))
+    assert read_x.stride() == (0, 1) and read_x.shape == (5, 3)
+    assert graphed.replays == 2
+
+
+def test_a_recording_that_fails_is_reported_and_the_group_epoch_runs_unrecorded() -> None:
+    """A host read in the step (a plugin's, say) cannot be recorded: the failure is
+    handed on, the call and every later one run as they are, and no batch is lost."""
+    total = torch.zeros(())
+
+    def reads(x: torch.Tensor, y: torch.Tensor) -> None:
+        total.add_(x.sum())
+        if x.sum() > 1e9:  # a host read
+            total.zero_()
+
+    failures: list[BaseException] = []
+    graphed = GraphedStep(reads, TapeRecorder(), failures.append)
+    data = batches(5)
+    for x, y in data:
+        graphed(x, y)
+    assert len(failures) == 1 and isinstance(failures[0], HostReadWhileRecording)
+    assert (graphed.unrecorded, graphed.recordings, graphed.replays) == (5, 0, 0)
+    torch.testing.assert_close(total, sum(x.sum() for x, _ in data), rtol=1e-6, atol=1e-6)
+
+
+def test_a_failed_recording_warns_by_default() -> None:
+    def reads(x: torch.Tensor, y: torch.Tensor) -> None:
+        float(x.sum())
+
+    graphed = GraphedStep(reads, TapeRecorder())
+    with pytest.warns(RuntimeWarning, match="cuda_graphs: .*could not be recorded"):
+        for x, y in batches(3):
+            graphed(x, y)
+
+
+# ------------------------------------------------------------- stacked epochs recorded
+def run_recorded_and_not(
+    make: Callable[[], list[GrowingHost]],
+    loaders: tuple[DataLoader, DataLoader],
+    epochs: int = 2,
+    **training: object,
+) -> tuple[list[GrowingHost], list[GrowingHost]]:
+    """The same envs' stacked epochs recorded and not: equal bit for bit, figures and
+    states (the tape runs the kernels the step runs, in its order)."""
+    plain, recorded = make(), make()
+    train, val = loaders
+    for _ in range(epochs):
+        a = run_epoch(plain, train, val, HostTraining(engine="stacked", **training))
+        b = run_epoch(
+            recorded, train, val, HostTraining(engine="stacked", cuda_graphs=True, **training)
+        )
+        assert_close_results(a, b, atol=0)
+        assert a.stacked_predictions == b.stacked_predictions
+    assert_close_states(plain, recorded, atol=0)
+    for env_a, env_b in zip(plain, recorded, strict=True):
+        assert (env_a.probe is None) == (env_b.probe is None)
+        if env_a.probe is not None and env_b.probe is not None:
+            assert torch.equal(env_a.probe[0], env_b.probe[0])
+    return plain, recorded
+
+
+def test_recorded_stacked_epochs_equal_unrecorded_ones_for_seeds_in_every_stage(
+    taped: list[TapeRecorder],
+) -> None:
+    """Incubation, blending at several alphas, gates, merged widenings, lone envs: six
+    batches an epoch, so each group replays its step four times of six."""
+    run_recorded_and_not(cnn_envs, image_loaders(n_train=132, batch=22))
+    assert taped and all(r.recorded for r in taped)
+    assert sum(r.replays for r in taped) == 4 * len(taped)
+
+
+def test_recorded_epochs_of_paired_groups_and_a_short_last_batch_equal_unrecorded_ones(
+    taped: list[TapeRecorder],
+) -> None:
+    """Paired envs share one share (an expanded input); 100 samples in batches of 16
+    leave a last batch of 4, which runs as it is."""
+    run_recorded_and_not(
+        lambda: cnn_envs()[:8], image_loaders(n_train=100, batch=16), paired_group=2
+    )
+    # 6 full batches (2 unrecorded, 4 replayed, the recorded one among them), 1 short
+    assert sum(r.replays for r in taped) == 4 * len(taped)
+
+
+def test_recorded_epochs_of_envs_of_different_widths_equal_unrecorded_ones(
+    taped: list[TapeRecorder],
+) -> None:
+    run_recorded_and_not(envs_of_different_widths, image_loaders(n_train=140, batch=35))
+    assert len(taped) == 2  # one group, 2 epochs
+    assert sum(r.replays for r in taped) == 2 * 2  # 4 batches: 2 unrecorded, 2 replayed
+
+
+def test_a_group_epochs_graph_is_let_go_when_its_group_is_written_back(
+    taped: list[TapeRecorder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A graph holds its memory pool (on a GPU, every activation of a step): it must go
+    with its group epoch, without waiting for the cyclic garbage collector."""
+    made: list[weakref.ref[GraphedStep]] = []
+    real_init = GraphedStep.__init__
+
+    def noted(self: GraphedStep, *args: object, **kwargs: object) -> None:
+        real_init(self, *args, **kwargs)  # type: ignore[arg-type]
+        made.append(weakref.ref(self))
+
+    monkeypatch.setattr(GraphedStep, "__init__", noted)
+    train, val = image_loaders(n_train=96, batch=16)
+    envs = cnn_envs()[4:8]
+    gc.disable()
+    try:
+        run_epoch(envs, train, val, HostTraining(engine="stacked", cuda_graphs=True))
+        assert made and all(ref() is None for ref in made)
+    finally:
+        gc.enable()
+
+
+def test_a_cpu_without_a_recorder_trains_as_it_would_without_graphs() -> None:
+    """Off the GPU the setting changes nothing (no recorder for the CPU)."""
+    run_recorded_and_not(lambda: cnn_envs()[4:8], image_loaders(n_train=96, batch=16), epochs=1)
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=8,
+    deadline=None,
+    # The same recorder for every input: nothing of the fixture's to reset between them.
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(grown_envs())
+def test_recorded_epochs_of_envs_grown_at_random_equal_unrecorded_ones(
+    monkeypatch: pytest.MonkeyPatch, case: Grown
+) -> None:
+    """Any mix of seeds, stages, widths, batch splits and pairing (``tests/tolaria/grown``),
+    with five batches an epoch."""
+    monkeypatch.setitem(step_graph.RECORDERS, "cpu", TapeRecorder)
+    train, val = case.loaders()
+    with float64_default():
+        x, y = train.dataset.tensors  # type: ignore[attr-defined]
+        more = torch.utils.data.TensorDataset(
+            torch.cat([x, x[: 2 * case.batch]]), torch.cat([y, y[: 2 * case.batch]])
+        )
+        loaders = (DataLoader(more, batch_size=case.batch), val)
+        run_recorded_and_not(case.envs, loaders, **case.training())
+
+
+def test_a_fit_with_recorded_steps_equals_one_without(
+    tmp_path: Path, taped: list[TapeRecorder]
+) -> None:
+    """``PPOModule(cuda_graphs=True)`` through ``Trainer.fit``: the same returns and the
+    same policy, update for update (two envs of one host: one stacked group)."""
+    plain, plain_returns = recorded_fit(tmp_path / "plain", 2, engine="stacked")
+    recorded, recorded_returns = recorded_fit(
+        tmp_path / "recorded", 2, engine="stacked", cuda_graphs=True
+    )
+    assert sum(r.replays for r in taped) > 0
+    assert recorded_returns == plain_returns
+    for name, value in plain.state_dict().items():
+        assert torch.equal(value, recorded.state_dict()[name]), name
+
+
+# ------------------------------------------------------------------------ settings
+@pytest.mark.parametrize(
+    "settings_, named",
+    [
+        ({"engine": "per_env"}, "engine=per_env"),
+        ({"compile": True}, "compile=true"),
+        ({"amp": "fp16"}, "amp=fp16"),
+    ],
+)
+def test_cuda_graphs_with_a_setting_that_trains_nothing_stacked_is_refused(
+    settings_: dict[str, object], named: str
+) -> None:
+    for make in (HostTraining, EnvConfig):
+        with pytest.raises(ConfigError, match=f"cuda_graphs.*{named}.*cuda_graphs to false"):
+            make(cuda_graphs=True, **settings_)  # type: ignore[arg-type]
+
+
+def test_cuda_graphs_must_be_a_bool() -> None:
+    with pytest.raises(ConfigError, match="cuda_graphs"):
+        HostTraining(cuda_graphs="yes")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------- CUDA
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(
+    ("make", "training"),
+    [
+        (cnn_envs, {}),
+        (lambda: cnn_envs()[:8], {"paired_group": 2}),
+        (envs_of_different_widths, {}),
+    ],
+    ids=["every-stage", "paired", "widths"],
+)
+def test_cuda_graphed_stacked_epochs_equal_unrecorded_ones(
+    monkeypatch: pytest.MonkeyPatch,
+    make: Callable[[], list[GrowingHost]],
+    training: dict[str, object],
+) -> None:
+    """The real recorder replays the kernels the step launches: results within float32
+    rounding of the unrecorded step's (stated: 1e-6; the same kernels should give the same
+    bits, but cuDNN may choose its algorithms anew while capturing), TF32 off."""
+    replays: list[int] = []
+    real_record = step_graph.CudaGraphRecorder.record
+
+    def counted(self: step_graph.CudaGraphRecorder, step: Callable[[], None]) -> Callable[[], None]:
+        replay = real_record(self, step)
+
+        def counting() -> None:
+            replays.append(1)
+            replay()
+
+        return counting
+
+    monkeypatch.setattr(step_graph.CudaGraphRecorder, "record", counted)
+
+    def envs() -> list[GrowingHost]:
+        made = make()
+        for env in made:
+            env.model.cuda()  # parameters keep their identity: the optimizers follow
+        return made
+
+    plain, recorded = envs(), envs()
+    train, val = image_loaders(n_train=132, batch=22)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        for _ in range(2):
+            a = run_epoch(plain, train, val, HostTraining(engine="stacked", **training))
+            b = run_epoch(
+                recorded,
+                train,
+                val,
+                HostTraining(engine="stacked", cuda_graphs=True, **training),
+            )
+            assert_close_results(a, b, atol=1e-6)
+    assert_close_states(plain, recorded, atol=1e-6)
+    assert replays, "no step was replayed from a CUDA graph"
