@@ -82,14 +82,7 @@ class EnvConfig:
                     "pairing", f"must be an esper.mdp.pairing.Pairing, got {self.pairing!r}"
                 )
             require_choice("widen_init", self.widen_init, WIDEN_INITS)
-            check_host_training(
-                self.on_oom,
-                self.compile,
-                self.amp,
-                self.cpu_workers,
-                self.engine,
-                self.cuda_graphs,
-            )
+            check_host_training(self)
             if self.devices is not None and not self.devices:
                 raise ConfigError("devices", "is empty; pass null to use the module's device")
             require_int("n_envs", self.n_envs, 1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -43,15 +44,23 @@ ENGINES: tuple[str, ...] = ("per_env", "stacked")
 ENGINE_CHOICES: tuple[str, ...] = ("auto", *ENGINES)
 
 
-def check_host_training(
-    on_oom: object,
-    compile: object,
-    amp: object,
-    cpu_workers: object,
-    engine: object = "auto",
-    cuda_graphs: object = False,
-) -> None:
-    """The checks of the user-set fields, for whichever config holds them."""
+class HostTrainingFields(Protocol):
+    """The user-set fields of host training, in whichever config holds them
+    (:class:`HostTraining`, ``esper.mdp.env_config.EnvConfig``)."""
+
+    on_oom: str
+    compile: bool
+    amp: str
+    cpu_workers: int | None
+    engine: str
+    cuda_graphs: bool
+
+
+def check_host_training(config: HostTrainingFields) -> None:
+    """The checks of those fields, one list for both configs (named in errors by the
+    config's own ``owned_by``)."""
+    on_oom, compile, amp = config.on_oom, config.compile, config.amp
+    cpu_workers, engine, cuda_graphs = config.cpu_workers, config.engine, config.cuda_graphs
     require_choice("on_oom", on_oom, OOM_POLICIES)
     require_bool("compile", compile)
     require_choice("amp", amp, AMP_DTYPES)
@@ -131,14 +140,7 @@ class HostTraining:
 
     def __post_init__(self) -> None:
         with owned_by(self):
-            check_host_training(
-                self.on_oom,
-                self.compile,
-                self.amp,
-                self.cpu_workers,
-                self.engine,
-                self.cuda_graphs,
-            )
+            check_host_training(self)
             if self.paired_group is not None:
                 require_int("paired_group", self.paired_group, 1)
 
