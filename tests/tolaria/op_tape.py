@@ -6,9 +6,9 @@ from a tensor other than the static inputs, a read of a device tensor on the hos
 :class:`TapeRecorder` holds a step to the same rules on any device: ``record`` notes every
 aten operator the step issues with its arguments and outputs (a ``TorchDispatchMode``:
 the forward, autograd's backward and the optimizer alike), puts back every tensor it
-found as it was (a recording runs no kernel), and refuses host reads as capture does; its replay issues the
-same operators on the same tensors and copies each fresh output into the tensor recorded
-for it, so that later operators, and later steps, find their inputs where the recording
+found as it was (a recording runs no kernel), and refuses host reads as capture does;
+its replay issues the same operators on the same tensors and copies each fresh output
+into the tensor recorded for it, so that later operators, and later steps, find their inputs where the recording
 left them, as a graph's fixed memory does. It runs the same kernels in the same order
 as the step, so replays equal eager steps bit for bit.
 

@@ -35,8 +35,9 @@ from its stacked tensors at the end (``esper.tolaria.stacked_validation``) and i
 written back into its envs: lifecycle ops, rollback and checkpoints run between epochs on
 the envs' own tensors, as before. On a GPU, with ``HostTraining.cuda_graphs``, its step
 is recorded as a CUDA graph once a group epoch and replayed (``esper.tolaria.step_graph``):
-the step's device work is kept apart from its host-side bookkeeping for that. Within an epoch nothing changes which parameters exist,
-so the grouping holds. What cannot be stacked trains on the per-env path: an env alone in
+the step's device work is kept apart from its host-side bookkeeping for that. Within an
+epoch nothing changes which parameters exist, so the grouping holds. What cannot be
+stacked trains on the per-env path: an env alone in
 its group, a batch whose shares differ in size from the first batch's (a loader's shorter
 last batch; the group is written back first), and a group that ran out of memory (its envs
 finish the epoch alone). A batch that does not split evenly over the envs gives some envs
