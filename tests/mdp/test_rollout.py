@@ -163,6 +163,7 @@ def test_a_rollout_that_widens_and_merges_still_reads_the_device_once_per_host_e
 
     if engine == "stacked_graphs" and device == "cpu":
         monkeypatch.setitem(step_graph.RECORDERS, "cpu", tape)
+        monkeypatch.setattr(step_graph, "_made", {})
 
     from esper.kasmina import LifecycleConfig
     from esper.mdp.env import MorphogeneticVecEnv

@@ -102,9 +102,11 @@ class TapeRecorder:
         #: Operators of each recording, and replays of any, for tests that count them.
         self.recorded: list[int] = []
         self.replays = 0
+        self.warmed = False
 
     def warm_up(self, step: Callable[[], None]) -> None:
         step()
+        self.warmed = True
 
     def record(self, step: Callable[[], None]) -> Callable[[], None]:
         tape = _Tape()

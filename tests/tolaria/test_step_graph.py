@@ -39,7 +39,8 @@ from tests.tolaria.test_stacked import (
 
 @pytest.fixture
 def taped(monkeypatch: pytest.MonkeyPatch) -> list[TapeRecorder]:
-    """CPU groups record on the tape; the recorders made, one per group epoch."""
+    """CPU groups record on the tape, one recorder for the CPU (as for each GPU), not yet
+    warmed up; the recorders made."""
     made: list[TapeRecorder] = []
 
     def make(device: torch.device) -> TapeRecorder:
@@ -47,7 +48,15 @@ def taped(monkeypatch: pytest.MonkeyPatch) -> list[TapeRecorder]:
         return made[-1]
 
     monkeypatch.setitem(step_graph.RECORDERS, "cpu", make)
+    monkeypatch.setattr(step_graph, "_made", {})
     return made
+
+
+def replays_per_group_epoch(recorder: TapeRecorder, batches: int) -> None:
+    """Every group epoch (one recording each) replays all its batches but the first, the
+    first one on the device one fewer: its recorder warmed up first."""
+    assert recorder.warmed and recorder.recorded
+    assert recorder.replays == (batches - 1) * len(recorder.recorded) - 1
 
 
 # ---------------------------------------------------------------- GraphedStep alone
@@ -70,21 +79,30 @@ def batches(n: int, shape: tuple[int, ...] = (2, 3)) -> list[tuple[torch.Tensor,
     ]
 
 
-def test_a_layout_runs_twice_as_it_is_then_is_recorded_and_replayed() -> None:
-    """The first call stacks, the second warms up, the third is recorded and replayed,
-    later ones replayed: every batch counted once, from the recorded inputs after."""
+@pytest.mark.parametrize("warmed", [False, True])
+def test_a_layout_runs_once_as_it_is_then_is_recorded_and_replayed(warmed: bool) -> None:
+    """The first call stacks; a recorder not yet warmed up warms up on the next; the
+    next is recorded and replayed, later ones replayed: every batch counted once, from
+    the recorded inputs after."""
     calls, recorder = Calls(), TapeRecorder()
+    recorder.warmed = warmed
     graphed = GraphedStep(calls, recorder)
     data = batches(6)
     read = [graphed(x, y) for x, y in data]
-    assert CALLS_BEFORE_RECORDING == 2
-    assert (graphed.unrecorded, graphed.recordings, graphed.replays) == (2, 1, 4)
-    assert recorder.replays == 4
+    assert CALLS_BEFORE_RECORDING == 1
+    unrecorded = 1 if warmed else 2
+    assert recorder.warmed
+    assert (graphed.unrecorded, graphed.recordings, graphed.replays) == (
+        unrecorded,
+        1,
+        6 - unrecorded,
+    )
+    assert recorder.replays == 6 - unrecorded
     expected = sum(x.sum() + y.sum() for x, y in data)
     torch.testing.assert_close(calls.total, expected, rtol=1e-6, atol=1e-6)
-    assert read[0][0] is data[0][0] and read[1][0] is data[1][0]
-    static = read[2][0]
-    assert all(r[0] is static for r in read[2:])  # the recorded input, refilled each call
+    assert all(read[k][0] is data[k][0] for k in range(unrecorded))
+    static = read[unrecorded][0]
+    assert all(r[0] is static for r in read[unrecorded:])  # recorded input, refilled each call
     assert torch.equal(static, data[-1][0])
 
 
@@ -171,10 +189,11 @@ def test_recorded_stacked_epochs_equal_unrecorded_ones_for_seeds_in_every_stage(
     taped: list[TapeRecorder],
 ) -> None:
     """Incubation, blending at several alphas, gates, merged widenings, lone envs: six
-    batches an epoch, so each group replays its step four times of six."""
+    batches an epoch, so each group replays its step five times of six (the first group
+    on the device four: its recorder warms up)."""
     run_recorded_and_not(cnn_envs, image_loaders(n_train=132, batch=22))
-    assert taped and all(r.recorded for r in taped)
-    assert sum(r.replays for r in taped) == 4 * len(taped)
+    assert len(taped) == 1  # one recorder a device
+    replays_per_group_epoch(taped[0], batches=6)
 
 
 def test_recorded_epochs_of_paired_groups_and_a_short_last_batch_equal_unrecorded_ones(
@@ -185,16 +204,16 @@ def test_recorded_epochs_of_paired_groups_and_a_short_last_batch_equal_unrecorde
     run_recorded_and_not(
         lambda: cnn_envs()[:8], image_loaders(n_train=100, batch=16), paired_group=2
     )
-    # 6 full batches (2 unrecorded, 4 replayed, the recorded one among them), 1 short
-    assert sum(r.replays for r in taped) == 4 * len(taped)
+    # 6 full batches (1 unrecorded, 5 replayed, the recorded one among them), 1 short
+    replays_per_group_epoch(taped[0], batches=6)
 
 
 def test_recorded_epochs_of_envs_of_different_widths_equal_unrecorded_ones(
     taped: list[TapeRecorder],
 ) -> None:
     run_recorded_and_not(envs_of_different_widths, image_loaders(n_train=140, batch=35))
-    assert len(taped) == 2  # one group, 2 epochs
-    assert sum(r.replays for r in taped) == 2 * 2  # 4 batches: 2 unrecorded, 2 replayed
+    assert len(taped[0].recorded) == 2  # one group, 2 epochs
+    replays_per_group_epoch(taped[0], batches=4)
 
 
 def test_a_group_epochs_graph_is_let_go_when_its_group_is_written_back(
@@ -239,6 +258,7 @@ def test_recorded_epochs_of_envs_grown_at_random_equal_unrecorded_ones(
     """Any mix of seeds, stages, widths, batch splits and pairing (``tests/tolaria/grown``),
     with five batches an epoch."""
     monkeypatch.setitem(step_graph.RECORDERS, "cpu", TapeRecorder)
+    monkeypatch.setattr(step_graph, "_made", {})
     train, val = case.loaders()
     with float64_default():
         x, y = train.dataset.tensors  # type: ignore[attr-defined]

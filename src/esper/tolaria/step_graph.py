@@ -16,11 +16,15 @@ graph's memory pool for as long as the graph does.
 
 When: a group's tensors are stacked afresh each epoch (``esper.tolaria.stacked``), so a
 graph lives one group epoch. Of each layout of the batch (shapes, strides, dtypes), the
-first call runs as it is (it stacks the group, makes momentum buffers and masked alphas),
-the second runs on the recorder's stream (:meth:`Recorder.warm_up`: lazy set-ups such as
-a library's workspace happen outside capture, as torch's CUDA-graph notes ask), the third
-is recorded, then replayed, and every later call of that layout is replayed. A call of
-another layout (a loader's shorter last batch) runs as it is. A recording that fails
+first call runs as it is (it stacks the group, makes momentum buffers and masked alphas);
+the next is recorded, then replayed, and every later call of that layout is replayed.
+Before the first recording on a device, one call more runs on the recorder's stream
+(:meth:`Recorder.warm_up`: lazy set-ups such as a library's workspace for that stream
+happen outside capture, as torch's CUDA-graph notes ask); the stream is one per device
+(:func:`recorder_for`), so that happens once a process. Why not every group epoch: a
+fit's epoch may have few batches (side_by_side.sh's 16-env work: 3), and each call not
+replayed costs a whole step's launches. A call of another layout (a loader's shorter
+last batch) runs as it is. A recording that fails
 (out of memory, or an operation a graph cannot hold, such as a plugin's host read) leaves
 nothing changed, since recording runs no kernel: that group epoch then runs as it is,
 with a warning that names the error.
@@ -40,15 +44,19 @@ import torch
 from torch import Tensor
 
 #: Calls of a layout that run unrecorded before the one that is recorded: the first (it
-#: stacks the group and makes what a step makes once) and a warm-up on the recording stream.
-CALLS_BEFORE_RECORDING = 2
+#: stacks the group and makes what a step makes once, such as a first momentum buffer).
+#: A recorder not yet warmed up runs one more, its warm-up.
+CALLS_BEFORE_RECORDING = 1
 
 
 class Recorder(Protocol):
     """Records a step's device work once and returns what replays it."""
 
+    #: Whether :meth:`warm_up` has run: recordings need one warm-up before the first.
+    warmed: bool
+
     def warm_up(self, step: Callable[[], None]) -> None:
-        """Run ``step`` as it is, where :meth:`record` will record it."""
+        """Run ``step`` as it is, where :meth:`record` will record it; sets ``warmed``."""
 
     def record(self, step: Callable[[], None]) -> Callable[[], None]:
         """Record ``step``'s device work without running it; return its replay."""
@@ -67,6 +75,7 @@ class CudaGraphRecorder:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.stream = torch.cuda.Stream(device)
+        self.warmed = False
 
     def warm_up(self, step: Callable[[], None]) -> None:
         current = torch.cuda.current_stream(self.device)
@@ -74,6 +83,7 @@ class CudaGraphRecorder:
         with torch.cuda.stream(self.stream):
             step()
         current.wait_stream(self.stream)
+        self.warmed = True
 
     def record(self, step: Callable[[], None]) -> Callable[[], None]:
         graph = torch.cuda.CUDAGraph()
@@ -95,12 +105,22 @@ class CudaGraphRecorder:
 
 #: Recorders by device type; a device type not here runs every step as it is.
 RECORDERS: dict[str, Callable[[torch.device], Recorder]] = {"cuda": CudaGraphRecorder}
+#: The recorder of each device, made once: its stream is warmed up once a process.
+_made: dict[tuple[Callable[[torch.device], Recorder], torch.device], Recorder] = {}
 
 
 def recorder_for(device: torch.device) -> Recorder | None:
-    """A recorder for ``device``, or None where its type has none."""
+    """``device``'s recorder (one a device and maker: see the module docstring), or None
+    where its type has none."""
     make = RECORDERS.get(device.type)
-    return None if make is None else make(device)
+    if make is None:
+        return None
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = (make, device)
+    if key not in _made:
+        _made[key] = make(device)
+    return _made[key]
 
 
 class _Layout(NamedTuple):
@@ -131,7 +151,8 @@ class _StaticInput:
 
 
 class GraphedStep:
-    """``step(x, y)`` recorded at the third call of a layout and replayed after it.
+    """``step(x, y)`` recorded at the second call of a layout (the third where the
+    recorder warms up first) and replayed after it.
 
     ``step`` does device work only (see the module docstring); each call returns the
     ``(x, y)`` the step read (the static inputs where it replayed), for the caller's
@@ -174,11 +195,11 @@ class GraphedStep:
             self._layout, self._calls = layout, 0
         self._calls += 1
         if self._calls <= CALLS_BEFORE_RECORDING:
-            if self._calls == CALLS_BEFORE_RECORDING:
-                self._recorder.warm_up(lambda: self._step(x, y))
-                self.unrecorded += 1
-                return x, y
             return self._unrecorded(x, y)
+        if not self._recorder.warmed:
+            self._recorder.warm_up(lambda: self._step(x, y))
+            self.unrecorded += 1
+            return x, y
         return self._record_and_replay(x, y)
 
     def _unrecorded(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
