@@ -80,26 +80,30 @@ class CudaGraphRecorder:
     def warm_up(self, step: Callable[[], None]) -> None:
         current = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(current)
-        with torch.cuda.stream(self.stream):
-            step()
-        current.wait_stream(self.stream)
+        try:
+            with torch.cuda.stream(self.stream):
+                step()
+        finally:  # also after a failed step: what it did on the stream comes first
+            current.wait_stream(self.stream)
         self.warmed = True
 
     def record(self, step: Callable[[], None]) -> Callable[[], None]:
         graph = torch.cuda.CUDAGraph()
         current = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(current)
-        with torch.cuda.stream(self.stream):
-            graph.capture_begin(capture_error_mode="thread_local")
-            try:
-                step()
-            except BaseException:
-                # End the (maybe invalidated) capture; the step's error is the one to see.
-                with contextlib.suppress(RuntimeError):
-                    graph.capture_end()
-                raise
-            graph.capture_end()
-        current.wait_stream(self.stream)
+        try:
+            with torch.cuda.stream(self.stream):
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    step()
+                except BaseException:
+                    # End the (maybe invalidated) capture; the step's error is the one to see.
+                    with contextlib.suppress(RuntimeError):
+                        graph.capture_end()
+                    raise
+                graph.capture_end()
+        finally:
+            current.wait_stream(self.stream)
         return graph.replay
 
 
