@@ -265,3 +265,10 @@ def test_a_pair_size_that_does_not_divide_the_envs_names_the_field() -> None:
 
     with pytest.raises(ConfigError, match=r"pairing.*pair_size=4"):
         EnvConfig(n_envs=6, pairing=Pairing(True, pair_size=4))
+
+
+def test_cuda_graphs_without_a_gpu_says_it_records_nothing() -> None:
+    """The setting is accepted anywhere (a config moves between machines), but on hosts
+    that are all off the GPU it cannot do anything, and says so once, at the start."""
+    with pytest.warns(UserWarning, match="cuda_graphs: no host trains on a GPU here"):
+        small_env(2, engine="stacked", cuda_graphs=True)

@@ -12,6 +12,7 @@ governor's snapshot of a host is a snapshot of everything the env observes about
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -32,6 +33,7 @@ from esper.tamiyo.masks import MaskBuilder
 from esper.tolaria.compute import TrainingCompute
 from esper.tolaria.data.base import HostDataModule
 from esper.tolaria.epoch import EpochResult, run_epoch
+from esper.tolaria.step_graph import RECORDERS
 
 __all__ = ["HostDataError", "MorphogeneticVecEnv", "StepOutcome"]
 
@@ -109,6 +111,13 @@ class MorphogeneticVecEnv:
         listed = config.devices or (str(self.device),)
         #: Where each env's host lives: the listed devices, round-robin.
         self.host_devices = [torch.device(listed[e % len(listed)]) for e in range(config.n_envs)]
+        if config.cuda_graphs and all(d.type not in RECORDERS for d in self.host_devices):
+            warnings.warn(
+                f"cuda_graphs: no host trains on a GPU here ({listed[0]}), so no step is "
+                "recorded; results and speed are as without it",
+                UserWarning,
+                stacklevel=2,
+            )
 
     # ------------------------------------------------------------------ queries
     @property
