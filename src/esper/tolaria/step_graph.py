@@ -24,10 +24,9 @@ happen outside capture, as torch's CUDA-graph notes ask); the stream is one per 
 (:func:`recorder_for`), so that happens once a process. Why not every group epoch: a
 fit's epoch may have few batches (side_by_side.sh's 16-env work: 3), and each call not
 replayed costs a whole step's launches. A call of another layout (a loader's shorter
-last batch) runs as it is. A recording that fails
-(out of memory, or an operation a graph cannot hold, such as a plugin's host read) leaves
-nothing changed, since recording runs no kernel: that group epoch then runs as it is,
-with a warning that names the error.
+last batch) runs as it is. A recording that fails (out of memory, or an operation a
+graph cannot hold, such as a plugin's host read) leaves nothing changed, since recording
+runs no kernel: that group epoch then runs as it is, with a warning that names the error.
 
 Which devices record: those with a :class:`Recorder` in :data:`RECORDERS` (CUDA). Elsewhere
 the step runs as it is.
