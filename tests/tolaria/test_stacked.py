@@ -88,6 +88,15 @@ def two_pairs() -> list[GrowingHost]:
     return made[4:8]
 
 
+def on_cuda(make: Callable[[], list[GrowingHost]]) -> list[GrowingHost]:
+    """``make()``'s envs with their hosts moved to the GPU (parameters keep their
+    identity there, so the optimizers follow)."""
+    made = make()
+    for env in made:
+        env.model.cuda()
+    return made
+
+
 def seed_flags(accs: list[EnvAccumulator]) -> list[list[bool]]:
     """Per env, whether each slot's trained seed kept finite gradients (as an epoch's
     ``seed_grads_finite`` reports them)."""
@@ -1093,16 +1102,10 @@ def test_engine_settings_that_cannot_run_are_refused_by_name(
 def test_stacked_epochs_on_cuda_agree_with_the_per_env_path(
     make: Callable[[], list[GrowingHost]],
 ) -> None:
-    def envs() -> list[GrowingHost]:
-        made = make()
-        for env in made:
-            env.model.cuda()  # parameters keep their identity: the optimizers follow
-        return made
-
     # cuDNN picks other algorithms for a grouped convolution than for one env's. TF32 off
     # (torch's default for convolutions is on: up to 1.4e-2 apart on an H100), both paths
     # round in float32: at most 4.8e-7 apart there.
-    per_env, stacked = envs(), envs()
+    per_env, stacked = on_cuda(make), on_cuda(make)
     train, val = image_loaders(n_train=128, batch=44)
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         for _ in range(2):

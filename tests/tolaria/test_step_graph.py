@@ -34,6 +34,7 @@ from tests.tolaria.test_stacked import (
     assert_close_states,
     cnn_envs,
     envs_of_different_widths,
+    on_cuda,
 )
 
 
@@ -340,13 +341,7 @@ def test_cuda_graphed_stacked_epochs_equal_unrecorded_ones(
 
     monkeypatch.setattr(step_graph.CudaGraphRecorder, "record", counted)
 
-    def envs() -> list[GrowingHost]:
-        made = make()
-        for env in made:
-            env.model.cuda()  # parameters keep their identity: the optimizers follow
-        return made
-
-    plain, recorded = envs(), envs()
+    plain, recorded = on_cuda(make), on_cuda(make)
     train, val = image_loaders(n_train=132, batch=22)
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         for _ in range(2):
