@@ -355,3 +355,28 @@ def test_cuda_graphed_stacked_epochs_equal_unrecorded_ones(
             assert_close_results(a, b, atol=1e-6)
     assert_close_states(plain, recorded, atol=1e-6)
     assert replays, "no step was replayed from a CUDA graph"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_recording_that_reads_the_host_warns_and_the_device_stays_usable() -> None:
+    """A capture that a host read invalidates must leave CUDA usable: the group epoch
+    goes on unrecorded, every batch counted once."""
+    device = torch.device("cuda")
+    total = torch.zeros((), device=device)
+
+    def reads(x: torch.Tensor, y: torch.Tensor) -> None:
+        total.add_(x.sum())
+        if float(x.sum()) > 1e9:  # a host read: capture fails here
+            total.zero_()
+
+    recorder = step_graph.CudaGraphRecorder(device)
+    graphed = GraphedStep(reads, recorder)
+    data = [(x.to(device), y.to(device)) for x, y in batches(5)]
+    with pytest.warns(RuntimeWarning, match="could not be recorded"):
+        for x, y in data:
+            graphed(x, y)
+    assert graphed.recordings == 0 and graphed.unrecorded == 5
+    expected = sum(x.sum() for x, _ in data)
+    torch.testing.assert_close(total, expected, rtol=1e-6, atol=1e-6)
+    torch.cuda.synchronize(device)  # no error left behind
