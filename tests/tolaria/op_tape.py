@@ -103,6 +103,7 @@ class TapeRecorder:
         self.recorded: list[int] = []
         self.replays = 0
         self.warmed = False
+        self.refused: BaseException | None = None
 
     def warm_up(self, step: Callable[[], None]) -> None:
         step()

@@ -132,7 +132,8 @@ def test_an_expanded_input_is_recorded_expanded() -> None:
 
 def test_a_recording_that_fails_is_reported_and_the_group_epoch_runs_unrecorded() -> None:
     """A host read in the step (a plugin's, say) cannot be recorded: the failure is
-    handed on, the call and every later one run as they are, and no batch is lost."""
+    handed on, the call and every later one run as they are (on that device, for the
+    rest of the process), and no batch is lost."""
     total = torch.zeros(())
 
     def reads(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -141,13 +142,20 @@ def test_a_recording_that_fails_is_reported_and_the_group_epoch_runs_unrecorded(
             total.zero_()
 
     failures: list[BaseException] = []
-    graphed = GraphedStep(reads, TapeRecorder(), failures.append)
+    recorder = TapeRecorder()
+    graphed = GraphedStep(reads, recorder, failures.append)
     data = batches(5)
     for x, y in data:
         graphed(x, y)
     assert len(failures) == 1 and isinstance(failures[0], HostReadWhileRecording)
+    assert recorder.refused is failures[0]
     assert (graphed.unrecorded, graphed.recordings, graphed.replays) == (5, 0, 0)
     torch.testing.assert_close(total, sum(x.sum() for x, _ in data), rtol=1e-6, atol=1e-6)
+    # The next group epoch on that device tries no recording, and says nothing more.
+    later = GraphedStep(reads, recorder, failures.append)
+    for x, y in data:
+        later(x, y)
+    assert len(failures) == 1 and (later.unrecorded, later.recordings) == (5, 0)
 
 
 def test_a_failed_recording_warns_by_default() -> None:

@@ -26,7 +26,10 @@ fit's epoch may have few batches (side_by_side.sh's 16-env work: 3), and each ca
 replayed costs a whole step's launches. A call of another layout (a loader's shorter
 last batch) runs as it is. A recording that fails (out of memory, or an operation a
 graph cannot hold, such as a plugin's host read) leaves nothing changed, since recording
-runs no kernel: that group epoch then runs as it is, with a warning that names the error.
+runs no kernel: that group epoch then runs as it is, with a warning that names the error,
+and the device records nothing more for the rest of the process. Why not try again next
+epoch: a host read fails every time, and torch's capture may leave an invalidated
+capture's stream routed to the dead graph's memory pool.
 
 Which devices record: those with a :class:`Recorder` in :data:`RECORDERS` (CUDA). Elsewhere
 the step runs as it is.
@@ -53,6 +56,8 @@ class Recorder(Protocol):
 
     #: Whether :meth:`warm_up` has run: recordings need one warm-up before the first.
     warmed: bool
+    #: The error of a recording that failed, after which none is tried (None: none failed).
+    refused: BaseException | None
 
     def warm_up(self, step: Callable[[], None]) -> None:
         """Run ``step`` as it is, where :meth:`record` will record it; sets ``warmed``."""
@@ -75,6 +80,7 @@ class CudaGraphRecorder:
         self.device = device
         self.stream = torch.cuda.Stream(device)
         self.warmed = False
+        self.refused: BaseException | None = None
 
     def warm_up(self, step: Callable[[], None]) -> None:
         current = torch.cuda.current_stream(self.device)
@@ -160,7 +166,7 @@ class GraphedStep:
     ``step`` does device work only (see the module docstring); each call returns the
     ``(x, y)`` the step read (the static inputs where it replayed), for the caller's
     bookkeeping. ``on_failure`` is called with the error when a recording fails (the
-    call then runs as it is, and so do all later ones).
+    call then runs as it is, and so do all later ones of every step of that recorder).
     """
 
     def __init__(
@@ -176,7 +182,6 @@ class GraphedStep:
         self._calls = 0
         self._inputs: tuple[_StaticInput, _StaticInput] | None = None
         self._replay: Callable[[], None] | None = None
-        self._failed = False
         #: Calls replayed, recorded and run as they are (host-side counts, for tests and
         #: benchmarks: what share of a group's steps the graph took).
         self.replays = 0
@@ -192,7 +197,7 @@ class GraphedStep:
             self._replay()
             self.replays += 1
             return self._inputs[0].view, self._inputs[1].view
-        if self._failed or self._replay is not None:
+        if self._replay is not None or self._recorder.refused is not None:
             return self._unrecorded(x, y)
         if layout != self._layout:
             self._layout, self._calls = layout, 0
@@ -217,7 +222,7 @@ class GraphedStep:
         try:
             replay = self._recorder.record(lambda: self._step(inputs[0].view, inputs[1].view))
         except RuntimeError as error:  # torch.OutOfMemoryError among them
-            self._failed = True
+            self._recorder.refused = error
             self._on_failure(error)
             return self._unrecorded(x, y)
         self._inputs, self._replay = inputs, replay
@@ -230,8 +235,9 @@ class GraphedStep:
 def _warn_unrecorded(error: BaseException) -> None:
     warnings.warn(
         f"cuda_graphs: a stacked group's training step could not be recorded as a CUDA "
-        f"graph ({type(error).__name__}: {error}); that group trains this epoch without "
-        "one. Results are unchanged; set cuda_graphs to false to stop trying.",
+        f"graph ({type(error).__name__}: {error}); its device records no step for the "
+        "rest of this run. Results are unchanged; set cuda_graphs to false to keep from "
+        "trying.",
         RuntimeWarning,
         stacklevel=3,
     )
