@@ -6,14 +6,15 @@ from a tensor other than the static inputs, a read of a device tensor on the hos
 :class:`TapeRecorder` holds a step to the same rules on any device: ``record`` notes every
 aten operator the step issues with its arguments and outputs (a ``TorchDispatchMode``:
 the forward, autograd's backward and the optimizer alike), puts back every tensor it
-found as it was (a recording runs no kernel), and refuses host reads as capture does;
-its replay issues the same operators on the same tensors and copies each fresh output
-into the tensor recorded for it, so that later operators, and later steps, find their inputs where the recording
-left them, as a graph's fixed memory does. It runs the same kernels in the same order
-as the step, so replays equal eager steps bit for bit.
+found as it was (a recording runs no kernel), and refuses host reads, and tensors made
+from Python data (which a GPU would copy from the host), as capture does; its replay
+issues the same operators on the same tensors and copies each fresh output into the
+tensor recorded for it, so that later operators, and later steps, find their inputs
+where the recording left them, as a graph's fixed memory does. It runs the same kernels
+in the same order as the step, so replays equal eager steps bit for bit.
 
-Not a production recorder: it is slower than running the step (a Python call per operator),
-and on a CPU nothing asks for one.
+Not a production recorder: it is slower than running the step (a Python call per
+operator), and on a CPU nothing asks for one.
 """
 
 from __future__ import annotations
@@ -44,8 +45,13 @@ HOST_READS = frozenset(
 )
 
 
+#: Operators that make a tensor from Python data (``torch.tensor``, ``torch.as_tensor``):
+#: on a GPU that data is copied from the host, which a capture cannot hold either.
+HOST_DATA = frozenset({"lift_fresh", "lift_fresh_copy"})
+
+
 class HostReadWhileRecording(RuntimeError):
-    """A recorded step read a device tensor on the host."""
+    """A recorded step read a device tensor on the host, or made one from host data."""
 
 
 _Op = tuple[Any, tuple, dict, Any]
@@ -83,6 +89,11 @@ class _Tape(TorchDispatchMode):
         if name in HOST_READS or bool_index:
             raise HostReadWhileRecording(
                 f"{func} reads a device tensor on the host: a CUDA graph cannot record it"
+            )
+        if name in HOST_DATA:
+            raise HostReadWhileRecording(
+                f"{func} makes a tensor from host data: on a GPU it would be copied from "
+                "the host, which a CUDA graph cannot record"
             )
         for tensor in _tensors((args, kwargs)):
             if id(tensor) not in self._known and not _overlaps_itself(tensor):

@@ -65,8 +65,9 @@ def test_a_recording_changes_nothing_and_its_replays_equal_eager_steps_bit_for_b
         lambda t: t.nonzero(),
         lambda t: t[t > 0],
         lambda t: bool(t.sum() > 0),
+        lambda t: t + torch.tensor([1.0, 2.0, 3.0, 4.0]),
     ],
-    ids=["item", "float", "nonzero", "mask_index", "bool"],
+    ids=["item", "float", "nonzero", "mask_index", "bool", "host_data"],
 )
 def test_a_host_read_while_recording_is_refused_and_undone(read: object) -> None:
     """As a CUDA capture fails on a host read, so does the tape; what the step wrote
