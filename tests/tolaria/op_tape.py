@@ -122,6 +122,7 @@ class TapeRecorder:
 
     def record(self, step: Callable[[], None]) -> Callable[[], None]:
         tape = _Tape()
+        rng = torch.random.get_rng_state()
         try:
             with tape:
                 step()
@@ -129,6 +130,7 @@ class TapeRecorder:
             with torch.no_grad():
                 for tensor, before in reversed(tape.before):
                     tensor.copy_(before)
+            torch.random.set_rng_state(rng)  # nor draws a random number
         self.recorded.append(len(tape.ops))
         ops = tape.ops
 

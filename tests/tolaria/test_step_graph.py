@@ -293,6 +293,52 @@ def test_a_fit_with_recorded_steps_equals_one_without(
         assert torch.equal(value, recorded.state_dict()[name]), name
 
 
+@pytest.mark.slow
+@settings(
+    max_examples=5,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(grown_envs(transformer=True))
+def test_recorded_epochs_of_transformers_grown_at_random_equal_unrecorded_ones(
+    monkeypatch: pytest.MonkeyPatch, case: Grown
+) -> None:
+    """Transformer hosts (never padded; seeds of every transformer blueprint), with five
+    batches an epoch of tokens."""
+    monkeypatch.setitem(step_graph.RECORDERS, "cpu", TapeRecorder)
+    monkeypatch.setattr(step_graph, "_made", {})
+    train, val = case.loaders()
+    x, y = train.dataset.tensors  # type: ignore[attr-defined]
+    more = torch.utils.data.TensorDataset(
+        torch.cat([x, x[: 2 * case.batch]]), torch.cat([y, y[: 2 * case.batch]])
+    )
+    with float64_default():
+        run_recorded_and_not(
+            case.envs, (DataLoader(more, batch_size=case.batch), val), **case.training()
+        )
+
+
+def test_a_recording_draws_no_random_number() -> None:
+    """As a capture runs nothing, the tape's recording leaves the generator where it was:
+    a step that draws noise, recorded then replayed, draws what eager steps draw."""
+    noise = torch.zeros(3)
+
+    def draws(x: torch.Tensor, y: torch.Tensor) -> None:
+        noise.add_(torch.randn(3) + x.sum())
+
+    torch.manual_seed(0)
+    eager = torch.zeros(3)
+    data = batches(4)
+    for x, _ in data:
+        eager.add_(torch.randn(3) + x.sum())
+    torch.manual_seed(0)
+    graphed = GraphedStep(draws, TapeRecorder())
+    for x, y in data:
+        graphed(x, y)
+    assert graphed.replays == 2
+    assert torch.equal(noise, eager)
+
+
 # ------------------------------------------------------------------------ settings
 @pytest.mark.parametrize(
     "settings_, named",
