@@ -141,7 +141,7 @@ def test_the_policy_acts_and_bootstraps_at_its_own_thread_count() -> None:
         ),
     ],
 )
-@pytest.mark.parametrize("engine", ["per_env", "stacked", "stacked_graphs"])
+@pytest.mark.parametrize("engine", ["per_env", "stacked", "per_env_graphs", "stacked_graphs"])
 def test_a_rollout_that_widens_and_merges_still_reads_the_device_once_per_host_epoch(
     device: str, engine: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -161,7 +161,7 @@ def test_a_rollout_that_widens_and_merges_still_reads_the_device_once_per_host_e
         recorders.append(TapeRecorder(on))
         return recorders[-1]
 
-    if engine == "stacked_graphs" and device == "cpu":
+    if engine.endswith("_graphs") and device == "cpu":
         monkeypatch.setitem(step_graph.RECORDERS, "cpu", tape)
         monkeypatch.setattr(step_graph, "_made", {})
 
@@ -186,7 +186,7 @@ def test_a_rollout_that_widens_and_merges_still_reads_the_device_once_per_host_e
         lifecycle=fast,
         cpu_workers=1,
         engine=engine.removesuffix("_graphs"),
-        cuda_graphs=engine == "stacked_graphs",
+        cuda_graphs=engine.endswith("_graphs"),
     )
     env = MorphogeneticVecEnv(config, small_data(), device)
     config = dataclasses.replace(

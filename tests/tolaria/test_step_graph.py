@@ -175,14 +175,19 @@ def run_recorded_and_not(
     epochs: int = 2,
     **training: object,
 ) -> tuple[list[GrowingHost], list[GrowingHost]]:
-    """The same envs' stacked epochs recorded and not: equal bit for bit, figures and
-    states (the tape runs the kernels the step runs, in its order)."""
+    """The same envs' epochs (stacked unless ``training`` names an engine) recorded and
+    not: equal bit for bit, figures and states (the tape runs the kernels the step runs,
+    in its order)."""
     plain, recorded = make(), make()
     train, val = loaders
+    training = {"engine": "stacked", **training}
     for _ in range(epochs):
-        a = run_epoch(plain, train, val, HostTraining(engine="stacked", **training))
+        a = run_epoch(plain, train, val, HostTraining(**training))  # type: ignore[arg-type]
         b = run_epoch(
-            recorded, train, val, HostTraining(engine="stacked", cuda_graphs=True, **training)
+            recorded,
+            train,
+            val,
+            HostTraining(cuda_graphs=True, **training),  # type: ignore[arg-type]
         )
         assert_close_results(a, b, atol=0)
         assert a.stacked_predictions == b.stacked_predictions
@@ -225,11 +230,30 @@ def test_recorded_epochs_of_envs_of_different_widths_equal_unrecorded_ones(
     replays_per_group_epoch(taped[0], batches=4)
 
 
-def test_a_group_epochs_graph_is_let_go_when_its_group_is_written_back(
-    taped: list[TapeRecorder], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("engine", ["per_env", "stacked"])
+def test_recorded_epochs_of_envs_that_train_on_their_own_equal_unrecorded_ones(
+    taped: list[TapeRecorder], engine: str
 ) -> None:
-    """A graph holds its memory pool (on a GPU, every activation of a step): it must go
-    with its group epoch, without waiting for the cyclic garbage collector."""
+    """Each env's own step recorded once an epoch: the per-env engine's, and those of the
+    envs a stacked epoch leaves alone (batches of 40 over 11 envs: envs 0-6 get 4 rows,
+    7-10 get 3, so envs 0-5 and 8-9 stack and 6, 7 and 10 train alone); seeds in every
+    stage, incubation and seed-gradient norms included: equal bit for bit."""
+    run_recorded_and_not(
+        cnn_envs, image_loaders(n_train=240, batch=40), engine=engine, cpu_workers=1
+    )
+    (recorder,) = taped
+    recordings = len(recorder.recorded)
+    assert recordings == 2 * (11 if engine == "per_env" else 2 + 3)  # 2 epochs
+    assert recorder.replays == 5 * recordings - 1  # 6 batches; the warm-up once
+
+
+@pytest.mark.parametrize("engine", ["stacked", "per_env"])
+def test_an_epochs_graphs_are_let_go_when_it_ends(
+    taped: list[TapeRecorder], monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    """A graph holds its memory pool (on a GPU, every activation of a step): a group's
+    must go when the group is written back, an env's own when its epoch ends, without
+    waiting for the cyclic garbage collector (each step refers back to its owner)."""
     made: list[weakref.ref[GraphedStep]] = []
     real_init = GraphedStep.__init__
 
@@ -242,7 +266,7 @@ def test_a_group_epochs_graph_is_let_go_when_its_group_is_written_back(
     envs = cnn_envs()[4:8]
     gc.disable()
     try:
-        run_epoch(envs, train, val, HostTraining(engine="stacked", cuda_graphs=True))
+        run_epoch(envs, train, val, HostTraining(engine=engine, cuda_graphs=True, cpu_workers=1))
         assert made and all(ref() is None for ref in made)
     finally:
         gc.enable()
@@ -342,18 +366,14 @@ def test_a_recording_draws_no_random_number() -> None:
 # ------------------------------------------------------------------------ settings
 @pytest.mark.parametrize(
     "settings_, named",
-    [
-        ({"engine": "per_env"}, "engine=per_env"),
-        ({"compile": True}, "compile=true"),
-        ({"amp": "fp16"}, "amp=fp16"),
-    ],
+    [({"compile": True}, "compile=true"), ({"amp": "fp16"}, "amp=fp16")],
 )
-def test_cuda_graphs_with_a_setting_that_trains_nothing_stacked_is_refused(
+def test_cuda_graphs_with_a_step_that_cannot_be_recorded_is_refused(
     settings_: dict[str, object], named: str
 ) -> None:
     for make in (HostTraining, EnvConfig):
         with pytest.raises(ConfigError, match=f"cuda_graphs.*{named}.*cuda_graphs to false"):
-            make(cuda_graphs=True, **settings_)  # type: ignore[arg-type]
+            make(cuda_graphs=True, engine="per_env", **settings_)  # type: ignore[arg-type]
 
 
 def test_cuda_graphs_must_be_a_bool() -> None:
@@ -370,8 +390,9 @@ def test_cuda_graphs_must_be_a_bool() -> None:
         (cnn_envs, {}),
         (lambda: cnn_envs()[:8], {"paired_group": 2}),
         (envs_of_different_widths, {}),
+        (cnn_envs, {"engine": "per_env"}),
     ],
-    ids=["every-stage", "paired", "widths"],
+    ids=["every-stage", "paired", "widths", "per-env"],
 )
 def test_cuda_graphed_stacked_epochs_equal_unrecorded_ones(
     monkeypatch: pytest.MonkeyPatch,
@@ -399,12 +420,13 @@ def test_cuda_graphed_stacked_epochs_equal_unrecorded_ones(
     train, val = image_loaders(n_train=132, batch=22)
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         for _ in range(2):
-            a = run_epoch(plain, train, val, HostTraining(engine="stacked", **training))
+            training = {"engine": "stacked", **training}
+            a = run_epoch(plain, train, val, HostTraining(**training))  # type: ignore[arg-type]
             b = run_epoch(
                 recorded,
                 train,
                 val,
-                HostTraining(engine="stacked", cuda_graphs=True, **training),
+                HostTraining(cuda_graphs=True, **training),  # type: ignore[arg-type]
             )
             assert_close_results(a, b, atol=1e-6)
     assert_close_states(plain, recorded, atol=1e-6)

@@ -71,8 +71,9 @@ class EnvConfig:
     #: ``esper.tolaria.stacked``). Results agree up to float rounding. "auto": stacked
     #: where every host is on a GPU, per_env elsewhere (``ENGINE_CHOICES``).
     engine: str = "auto"
-    #: A stacked group on a GPU records its training step as a CUDA graph once a group
-    #: epoch and replays it (``esper.tolaria.step_graph``). Results are unchanged.
+    #: On a GPU each stacked group, and each env training on its own, records its step as
+    #: a CUDA graph once an epoch and replays it (``esper.tolaria.step_graph``). Results
+    #: are unchanged.
     cuda_graphs: bool = False
 
     def __post_init__(self) -> None:

@@ -103,9 +103,10 @@ class PPOModule(LightningModule):
             network mapped over them, in fewer kernel launches (not with ``compile`` or
             ``amp=fp16``); ``auto`` (default): stacked where every host is on a GPU,
             per_env elsewhere.
-        cuda_graphs: a stacked group on a GPU records its training step as a CUDA graph
-            once a group epoch and replays it: a step's launches become one. Results are
-            unchanged; off by default until measured on a GPU (benchmarks/README.md).
+        cuda_graphs: on a GPU each stacked group, and each env training on its own,
+            records its training step as a CUDA graph once an epoch and replays it: a
+            step's launches become one. Results are unchanged; not with ``compile`` or
+            ``amp=fp16``; off by default until measured on a GPU (benchmarks/README.md).
         learner_device: where the PPO update runs: None (default) where the policy acts
             (the hosts' device); ``cpu`` on a copy of the policy on the CPU while it acts
             on the GPU, for an update of many small operators that a GPU's launching

@@ -27,6 +27,7 @@ from esper.kasmina.hosts.base import HostModel
 from esper.kasmina.incubation import IncubationPass, incubating_slots
 from esper.kasmina.slot import SeedSlot
 from esper.tolaria.shares import index_on
+from esper.tolaria.step_graph import GraphedStep
 
 
 @dataclass(eq=False)
@@ -89,12 +90,28 @@ class EnvAccumulator:
     #: (``len(seed_params)`` a step), not yet folded into the sums: :meth:`settle`.
     pending_losses: list[Tensor] = field(default_factory=list)
     pending_correct: list[Tensor] = field(default_factory=list)
+    #: Per step, its norms one by one, or stacked in one tensor (a recorded step's).
     pending_norms: list[Tensor] = field(default_factory=list)
+    #: The env's own step recorded as a CUDA graph this epoch (``esper.tolaria.epoch``
+    #: makes it where ``HostTraining.cuda_graphs`` asks), and its step's outputs: loss,
+    #: correct count and stacked seed-gradient norms, in the graph's memory once recorded.
+    graphed: GraphedStep | None = None
+    last_step: tuple[Tensor, Tensor, Tensor] | None = None
 
     def record_step(self, loss: Tensor, correct: Tensor, count: int) -> None:
         """One training step's detached ``loss`` (a mean over ``count`` samples) and its
         ``correct`` count: two ops now (the loss sum), the rest at :meth:`settle`."""
+        self.add_loss(loss, count)
+        self.keep_step(loss, correct, count)
+
+    def add_loss(self, loss: Tensor, count: int) -> None:
+        """:meth:`record_step`'s device work: the loss sum."""
         self.loss_sum.add_(loss * count)
+
+    def keep_step(self, loss: Tensor, correct: Tensor, count: int) -> None:
+        """:meth:`record_step`'s host side: the step kept for :meth:`settle`, its samples
+        counted (apart, so that a step recorded as a CUDA graph can keep copies of its
+        fixed outputs at every replay: ``esper.tolaria.step_graph``)."""
         self.pending_losses.append(loss)
         self.pending_correct.append(correct)
         self.seen += count
@@ -107,7 +124,8 @@ class EnvAccumulator:
             self.loss_finite.logical_and_(finite(torch.stack(self.pending_losses)).all())
             self.correct.add_(torch.stack(self.pending_correct).sum())
         if self.pending_norms:
-            norms = torch.stack(self.pending_norms).view(-1, len(self.seed_params))
+            steps = [n.view(-1) for n in self.pending_norms]  # views: no kernel
+            norms = torch.cat(steps).view(-1, len(self.seed_params))
             self.params_finite.logical_and_(finite(norms).all(dim=0))
         self.pending_losses.clear()
         self.pending_correct.clear()
@@ -245,7 +263,13 @@ def update_grad_flags(acc: EnvAccumulator) -> None:
     """Keep this step's norm of each trained seed parameter's gradient, for
     :meth:`EnvAccumulator.settle` to AND "finite" into its flag (a gradient is finite
     where its norm is): one op a step, on the device."""
+    acc.pending_norms.extend(seed_grad_norms(acc))
+
+
+def seed_grad_norms(acc: EnvAccumulator) -> list[Tensor]:
+    """This step's norm of each of ``acc``'s trained seed parameters' gradients (none
+    where it trains no seed): :func:`update_grad_flags`' device work."""
     if not acc.seed_params:
-        return
+        return []
     grads = [acc.no_grad if p.grad is None else p.grad for p in acc.seed_params]
-    acc.pending_norms.extend(torch._foreach_norm(grads))
+    return list(torch._foreach_norm(grads))

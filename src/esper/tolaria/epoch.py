@@ -32,7 +32,7 @@ from esper.tolaria.accumulators import (
     accumulator,
     accumulators,
     epoch_figures,
-    update_grad_flags,
+    seed_grad_norms,
 )
 from esper.tolaria.compiled import compiled_forward_loss, forward_loss
 from esper.tolaria.counterfactual import validate_with_counterfactuals
@@ -42,6 +42,7 @@ from esper.tolaria.shares import by_share_size, consecutive, env_share, group_sh
 from esper.tolaria.stack_grouping import MIN_GROUP, EnvView, stack_groups
 from esper.tolaria.stacked import StackedGroup
 from esper.tolaria.stacked_validation import validate_stacked
+from esper.tolaria.step_graph import GraphedStep, recorder_for
 from esper.tolaria.streams import env_streams as _env_streams
 from esper.tolaria.streams import on_stream as _on_stream
 
@@ -226,8 +227,12 @@ def _train(
         env.model.train()
     streams = _env_streams(envs)
     # Callers may hold a no-grad context (the rollout loop does); host training needs grads.
-    with torch.enable_grad():
-        groups = _train_batches(envs, accs, batches, streams, options, stacked)
+    try:
+        with torch.enable_grad():
+            groups = _train_batches(envs, accs, batches, streams, options, stacked)
+    finally:
+        for acc in accs:  # a recorded step refers back to its accumulator: let it go now
+            acc.graphed = acc.last_step = None
     return accs, groups
 
 
@@ -400,10 +405,50 @@ def train_step(env: GrowingHost, x: Tensor, y: Tensor) -> None:
 def _train_step(
     env: GrowingHost, acc: EnvAccumulator, x: Tensor, y: Tensor, options: _Options
 ) -> None:
-    env.zero_grad()
     env.model.check_input(x)  # host-side shape check, outside any compiled graph
+    graphed = _graphed(env, acc, options)
+    if graphed is None:
+        loss, correct, norms = _device_train_step(env, acc, x, y, options)
+        acc.pending_norms.extend(norms)
+    else:
+        # Recorded: this step's outputs are in the graph's fixed memory, which the next
+        # replay overwrites, so the epoch keeps copies (``esper.tolaria.step_graph``).
+        x, y = graphed(x, y)
+        assert acc.last_step is not None  # the step sets it, recorded or not
+        loss, correct, stacked_norms = (t.clone() for t in acc.last_step)
+        if acc.seed_params:
+            acc.pending_norms.append(stacked_norms)
+    acc.keep_step(loss, correct, y.numel())
     env.probe = (x, y)  # a reference: what a widening seed planted next ranks units on
-    autocast = autocast_to(x.device.type, options.amp_dtype)
+
+
+def _graphed(env: GrowingHost, acc: EnvAccumulator, options: _Options) -> GraphedStep | None:
+    """``acc``'s step recorded as a CUDA graph for the epoch, where asked and ``env``'s
+    device records (None: its steps run as they are; a compiled or fp16 step never is)."""
+    if not options.cuda_graphs or options.compiled or options.scalers is not None:
+        return None
+    if acc.graphed is None:
+        recorder = recorder_for(env.device)
+        if recorder is None:
+            return None
+
+        def step(x: Tensor, y: Tensor) -> None:
+            loss, correct, norms = _device_train_step(env, acc, x, y, options)
+            # One tensor of norms, one copy a step (none trained: the loss stands in).
+            acc.last_step = (loss, correct, torch.stack(norms) if norms else loss)
+
+        acc.graphed = GraphedStep(step, recorder)
+    return acc.graphed
+
+
+def _device_train_step(
+    env: GrowingHost, acc: EnvAccumulator, x: Tensor, y: Tensor, options: _Options
+) -> tuple[Tensor, Tensor, list[Tensor]]:
+    """One env's step on its device: its detached loss, correct count and seed-gradient
+    norms (:func:`seed_grad_norms`), the loss already summed into ``acc``. Nothing here
+    reads the device on the host (an fp16 scaler's step aside, which is never recorded)."""
+    env.zero_grad()
+    autocast = autocast_to(x.device.type, options.amp_dtype, cache=not options.cuda_graphs)
     incubation = acc.incubation
     # A compiled forward keeps its graph: no hook to record where incubation starts.
     recorded = [] if options.compiled or incubation is None else incubation.slots
@@ -418,7 +463,7 @@ def _train_step(
             seed_loss = incubation.loss(x, y, start)
         (seed_loss if scaler is None else scaler.scale(seed_loss)).backward()
     if scaler is None:
-        update_grad_flags(acc)
+        norms = seed_grad_norms(acc)
         env.step()
     else:
         # fp16: one GradScaler per device. Its step() reads the overflow flag on the host
@@ -426,8 +471,10 @@ def _train_step(
         optimizers = env.optimizers()
         for opt in optimizers:
             scaler.unscale_(opt)
-        update_grad_flags(acc)
+        norms = seed_grad_norms(acc)
         for opt in optimizers:
             scaler.step(opt)
         scaler.update()
-    acc.record_step(loss.detach(), correct, count)
+    loss = loss.detach()
+    acc.add_loss(loss, count)
+    return loss, correct, norms

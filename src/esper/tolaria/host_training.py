@@ -75,14 +75,13 @@ def check_host_training(config: HostTrainingFields) -> None:
             f"'stacked' does not run with {setting} (a stacked step is neither compiled nor "
             "scaled per env); use engine=per_env, or turn compile off and amp to off or bf16",
         )
-    if cuda_graphs and (engine == "per_env" or compile or amp == "fp16"):
-        setting = (
-            "engine=per_env" if engine == "per_env" else "compile=true" if compile else "amp=fp16"
-        )
+    if cuda_graphs and (compile or amp == "fp16"):
+        setting = "compile=true" if compile else "amp=fp16"
         raise ConfigError(
             "cuda_graphs",
-            f"records stacked groups' steps, and {setting} trains none stacked; set engine "
-            "to auto or stacked (with compile off and amp off or bf16), or cuda_graphs to false",
+            f"does not record a step with {setting} (a compiled step keeps graphs of its "
+            "own; an fp16 scaler reads the device on the host); turn compile off and amp "
+            "to off or bf16, or cuda_graphs to false",
         )
 
 
@@ -123,11 +122,11 @@ class HostTraining:
             to float rounding), the rest on their own. Not with ``compile`` or
             ``amp="fp16"``. ``"auto"`` (default): stacked where every host is on a GPU
             and neither of those is set, per_env elsewhere (:data:`ENGINE_CHOICES`).
-        cuda_graphs: a stacked group on a GPU records its training step as a CUDA graph
-            once a group epoch and replays it (``esper.tolaria.step_graph``): a step's
-            launches become one. Results equal the unrecorded step's. Not with
-            ``engine="per_env"``, ``compile`` or ``amp="fp16"``; off the GPU, and for envs
-            that train on their own, it changes nothing.
+        cuda_graphs: on a GPU each stacked group, and each env that trains on its own,
+            records its training step as a CUDA graph once an epoch and replays it
+            (``esper.tolaria.step_graph``): a step's launches become one. Results equal
+            the unrecorded step's. Not with ``compile`` or ``amp="fp16"``; off the GPU it
+            changes nothing.
     """
 
     on_oom: str = "raise"

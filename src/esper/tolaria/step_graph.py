@@ -1,11 +1,14 @@
-"""A stacked group's training step recorded once a group epoch and replayed: CUDA graphs.
+"""A host training step recorded once an epoch and replayed: CUDA graphs.
 
 Why: on a GPU a stacked step of small hosts is a few hundred kernels of microseconds,
 and issuing them from Python (vmap's batching rules, autograd, the dispatcher) is the
 step's wall: 0.55 ms a host step at 16 envs of the predecessor's host on an H100, about
 60 operators at roughly 100 us of host time each (benchmarks/README.md, issue 35). A CUDA
 graph records the kernels of one step and replays them with one launch, so the host's
-side of a step becomes a copy of the batch and a replay.
+side of a step becomes a copy of the batch and a replay. Two kinds of step record: a
+stacked group's (``esper.tolaria.stacked``) and an env's own (``esper.tolaria.epoch``: the
+per-env engine's, and an env a stacked epoch leaves alone, whose eager steps would
+otherwise cost, once the group's replay, more than the group).
 
 What a replay repeats is device work only, on the same memory. So the recorded step must
 read its batch from tensors that stay put (:class:`GraphedStep` copies each batch into
@@ -14,9 +17,9 @@ leaves its Python bookkeeping (samples seen, the last batch) to its caller, who 
 every call. Tensors the recorded step allocates (gradients, activations) live in the
 graph's memory pool for as long as the graph does.
 
-When: a group's tensors are stacked afresh each epoch (``esper.tolaria.stacked``), so a
-graph lives one group epoch. Of each layout of the batch (shapes, strides, dtypes), the
-first call runs as it is (it stacks the group, makes momentum buffers and masked alphas);
+When: a group's tensors are stacked afresh each epoch, and an env's accumulators live one
+epoch, so a graph lives one epoch. Of each layout of the batch (shapes, strides, dtypes),
+the first call runs as it is (it stacks a group, makes momentum buffers and masked alphas);
 the next is recorded, then replayed, and every later call of that layout is replayed.
 Before the first recording on a device, one call more runs on the recorder's stream
 (:meth:`Recorder.warm_up`: lazy set-ups such as a library's workspace for that stream
@@ -26,7 +29,7 @@ fit's epoch may have few batches (side_by_side.sh's 16-env work: 3), and each ca
 replayed costs a whole step's launches. A call of another layout (a loader's shorter
 last batch) runs as it is. A recording that fails (out of memory, or an operation a
 graph cannot hold, such as a plugin's host read) leaves nothing changed, since recording
-runs no kernel: that group epoch then runs as it is, with a warning that names the error,
+runs no kernel: that epoch's steps then run as they are, with a warning that names the error,
 and the device records nothing more for the rest of the process. Why not try again next
 epoch: a host read fails every time, and torch's capture may leave an invalidated
 capture's stream routed to the dead graph's memory pool.
@@ -234,7 +237,7 @@ class GraphedStep:
 
 def _warn_unrecorded(error: BaseException) -> None:
     warnings.warn(
-        f"cuda_graphs: a stacked group's training step could not be recorded as a CUDA "
+        f"cuda_graphs: a host training step could not be recorded as a CUDA "
         f"graph ({type(error).__name__}: {error}); its device records no step for the "
         "rest of this run. Results are unchanged; set cuda_graphs to false to keep from "
         "trying.",
