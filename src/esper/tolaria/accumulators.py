@@ -90,8 +90,9 @@ class EnvAccumulator:
     #: (``len(seed_params)`` a step), not yet folded into the sums: :meth:`settle`.
     pending_losses: list[Tensor] = field(default_factory=list)
     pending_correct: list[Tensor] = field(default_factory=list)
-    #: Per step, its norms one by one, or stacked in one tensor (a recorded step's).
     pending_norms: list[Tensor] = field(default_factory=list)
+    #: A recorded step's norms, stacked ``[len(seed_params)]`` a step (one copy a replay).
+    pending_norm_rows: list[Tensor] = field(default_factory=list)
     #: The env's own step recorded as a CUDA graph this epoch (``esper.tolaria.epoch``
     #: makes it where ``HostTraining.cuda_graphs`` asks), and its step's outputs: loss,
     #: correct count and stacked seed-gradient norms, in the graph's memory once recorded.
@@ -124,12 +125,14 @@ class EnvAccumulator:
             self.loss_finite.logical_and_(finite(torch.stack(self.pending_losses)).all())
             self.correct.add_(torch.stack(self.pending_correct).sum())
         if self.pending_norms:
-            steps = [n.view(-1) for n in self.pending_norms]  # views: no kernel
-            norms = torch.cat(steps).view(-1, len(self.seed_params))
+            norms = torch.stack(self.pending_norms).view(-1, len(self.seed_params))
             self.params_finite.logical_and_(finite(norms).all(dim=0))
+        if self.pending_norm_rows:
+            self.params_finite.logical_and_(finite(torch.stack(self.pending_norm_rows)).all(dim=0))
         self.pending_losses.clear()
         self.pending_correct.clear()
         self.pending_norms.clear()
+        self.pending_norm_rows.clear()
 
     @functools.cached_property
     def incubation(self) -> IncubationPass | None:

@@ -417,7 +417,7 @@ def _train_step(
         assert acc.last_step is not None  # the step sets it, recorded or not
         loss, correct, stacked_norms = (t.clone() for t in acc.last_step)
         if acc.seed_params:
-            acc.pending_norms.append(stacked_norms)
+            acc.pending_norm_rows.append(stacked_norms)
     acc.keep_step(loss, correct, y.numel())
     env.probe = (x, y)  # a reference: what a widening seed planted next ranks units on
 
