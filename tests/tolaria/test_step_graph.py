@@ -119,13 +119,30 @@ def test_another_layout_runs_as_it_is_and_the_recorded_one_still_replays() -> No
     torch.testing.assert_close(calls.total, expected, rtol=1e-6, atol=1e-6)
 
 
+def test_a_replay_hands_back_the_recordings_outputs_also_after_a_call_of_another_layout() -> None:
+    """A step's outputs (an env's loss and correct count) come back with every call: an
+    unrecorded call's own, a replay's those the recording made (the graph's memory,
+    refilled by the replay), also when a call of another layout ran in between (paired
+    envs' shares alternate in size when a batch does not split evenly)."""
+
+    def total(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x.sum() + y.sum()
+
+    graphed = GraphedStep(total, TapeRecorder())
+    long, short = batches(5), batches(2, shape=(1, 3))
+    for x, y in [*long[:3], short[0], *long[3:], short[1]]:
+        _, _, out = graphed(x, y)
+        torch.testing.assert_close(out, x.sum() + y.sum(), rtol=1e-6, atol=1e-6)
+    assert (graphed.recordings, graphed.replays) == (1, 3)
+
+
 def test_an_expanded_input_is_recorded_expanded() -> None:
     """Paired envs train on one share expanded over the group: the recorded input keeps
     the expansion (stride 0), so the recorded kernels are those of an unrecorded call."""
     calls = Calls()
     graphed = GraphedStep(calls, TapeRecorder())
     for x, y in batches(4, shape=(1, 3)):
-        read_x, _ = graphed(x.expand(5, 3), y.expand(5))
+        read_x, _, _ = graphed(x.expand(5, 3), y.expand(5))
     assert read_x.stride() == (0, 1) and read_x.shape == (5, 3)
     assert graphed.replays == 2
 
@@ -290,14 +307,20 @@ def test_recorded_epochs_of_envs_grown_at_random_equal_unrecorded_ones(
 ) -> None:
     """Any mix of seeds, stages, widths, batch splits and pairing (``tests/tolaria/grown``),
     with five batches an epoch."""
+    run_drawn_case_recorded_and_not(monkeypatch, case)
+
+
+def run_drawn_case_recorded_and_not(monkeypatch: pytest.MonkeyPatch, case: Grown) -> None:
+    """``case``'s envs recorded on a fresh tape and not, in float64, on its batches and
+    two more (five an epoch, so that steps replay)."""
     monkeypatch.setitem(step_graph.RECORDERS, "cpu", TapeRecorder)
     monkeypatch.setattr(step_graph, "_made", {})
     train, val = case.loaders()
+    x, y = train.dataset.tensors  # type: ignore[attr-defined]
+    more = torch.utils.data.TensorDataset(
+        torch.cat([x, x[: 2 * case.batch]]), torch.cat([y, y[: 2 * case.batch]])
+    )
     with float64_default():
-        x, y = train.dataset.tensors  # type: ignore[attr-defined]
-        more = torch.utils.data.TensorDataset(
-            torch.cat([x, x[: 2 * case.batch]]), torch.cat([y, y[: 2 * case.batch]])
-        )
         loaders = (DataLoader(more, batch_size=case.batch), val)
         run_recorded_and_not(case.envs, loaders, **case.training())
 
@@ -329,17 +352,7 @@ def test_recorded_epochs_of_transformers_grown_at_random_equal_unrecorded_ones(
 ) -> None:
     """Transformer hosts (never padded; seeds of every transformer blueprint), with five
     batches an epoch of tokens."""
-    monkeypatch.setitem(step_graph.RECORDERS, "cpu", TapeRecorder)
-    monkeypatch.setattr(step_graph, "_made", {})
-    train, val = case.loaders()
-    x, y = train.dataset.tensors  # type: ignore[attr-defined]
-    more = torch.utils.data.TensorDataset(
-        torch.cat([x, x[: 2 * case.batch]]), torch.cat([y, y[: 2 * case.batch]])
-    )
-    with float64_default():
-        run_recorded_and_not(
-            case.envs, (DataLoader(more, batch_size=case.batch), val), **case.training()
-        )
+    run_drawn_case_recorded_and_not(monkeypatch, case)
 
 
 def test_a_recording_draws_no_random_number() -> None:

@@ -94,10 +94,9 @@ class EnvAccumulator:
     #: A recorded step's norms, stacked ``[len(seed_params)]`` a step (one copy a replay).
     pending_norm_rows: list[Tensor] = field(default_factory=list)
     #: The env's own step recorded as a CUDA graph this epoch (``esper.tolaria.epoch``
-    #: makes it where ``HostTraining.cuda_graphs`` asks), and its step's outputs: loss,
-    #: correct count and stacked seed-gradient norms, in the graph's memory once recorded.
-    graphed: GraphedStep | None = None
-    last_step: tuple[Tensor, Tensor, Tensor] | None = None
+    #: makes it where ``HostTraining.cuda_graphs`` asks); it returns the step's loss,
+    #: correct count and stacked seed-gradient norms.
+    graphed: GraphedStep[tuple[Tensor, Tensor, Tensor]] | None = None
 
     def record_step(self, loss: Tensor, correct: Tensor, count: int) -> None:
         """One training step's detached ``loss`` (a mean over ``count`` samples) and its

@@ -232,7 +232,7 @@ def _train(
             groups = _train_batches(envs, accs, batches, streams, options, stacked)
     finally:
         for acc in accs:  # a recorded step refers back to its accumulator: let it go now
-            acc.graphed = acc.last_step = None
+            acc.graphed = None
     return accs, groups
 
 
@@ -411,18 +411,19 @@ def _train_step(
         loss, correct, norms = _device_train_step(env, acc, x, y, options)
         acc.pending_norms.extend(norms)
     else:
-        # Recorded: this step's outputs are in the graph's fixed memory, which the next
+        # Where it replayed, this step's outputs are in the graph's memory, which the next
         # replay overwrites, so the epoch keeps copies (``esper.tolaria.step_graph``).
-        x, y = graphed(x, y)
-        assert acc.last_step is not None  # the step sets it, recorded or not
-        loss, correct, stacked_norms = (t.clone() for t in acc.last_step)
+        x, y, outputs = graphed(x, y)
+        loss, correct, stacked_norms = (t.clone() for t in outputs)
         if acc.seed_params:
             acc.pending_norm_rows.append(stacked_norms)
     acc.keep_step(loss, correct, y.numel())
     env.probe = (x, y)  # a reference: what a widening seed planted next ranks units on
 
 
-def _graphed(env: GrowingHost, acc: EnvAccumulator, options: _Options) -> GraphedStep | None:
+def _graphed(
+    env: GrowingHost, acc: EnvAccumulator, options: _Options
+) -> GraphedStep[tuple[Tensor, Tensor, Tensor]] | None:
     """``acc``'s step recorded as a CUDA graph for the epoch, where asked and ``env``'s
     device records (None: its steps run as they are; a compiled or fp16 step never is)."""
     if not options.cuda_graphs or options.compiled or options.scalers is not None:
@@ -432,10 +433,10 @@ def _graphed(env: GrowingHost, acc: EnvAccumulator, options: _Options) -> Graphe
         if recorder is None:
             return None
 
-        def step(x: Tensor, y: Tensor) -> None:
+        def step(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
             loss, correct, norms = _device_train_step(env, acc, x, y, options)
             # One tensor of norms, one copy a step (none trained: the loss stands in).
-            acc.last_step = (loss, correct, torch.stack(norms) if norms else loss)
+            return loss, correct, torch.stack(norms) if norms else loss
 
         acc.graphed = GraphedStep(step, recorder)
     return acc.graphed

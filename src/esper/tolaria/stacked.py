@@ -151,7 +151,7 @@ class StackedGroup:
         else:
             if stacked.graphed is None:
                 stacked.graphed = GraphedStep(device_step, self._recorder)
-            x, y = stacked.graphed(x, y)  # where the step read them: its inputs if replayed
+            x, y, _ = stacked.graphed(x, y)  # where the step read them: its inputs if replayed
         # Host-side bookkeeping, at every step: a replayed graph repeats device work only.
         stacked.seen += y[0].numel()
         stacked.last_batch = (x, y)
@@ -550,7 +550,7 @@ class _Stacked:
     seen: int = 0
     last_batch: tuple[Tensor, Tensor] | None = None
     #: The group epoch's step as a CUDA graph, made at its first step where recorded.
-    graphed: GraphedStep | None = None
+    graphed: GraphedStep[None] | None = None
     #: The masked alphas and scales ``_with_missing`` puts in the buffers, for the host's
     #: pass and validation (False) and the incubation pass (True): they change only
     #: between epochs, when lifecycle ops move them, so each is made once a group epoch.

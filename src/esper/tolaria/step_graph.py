@@ -43,10 +43,13 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 import torch
 from torch import Tensor
+
+#: What a recorded step returns (``GraphedStep``'s outputs).
+Out = TypeVar("Out")
 
 #: Calls of a layout that run unrecorded before the one that is recorded: the first (it
 #: stacks the group and makes what a step makes once, such as a first momentum buffer).
@@ -162,19 +165,22 @@ class _StaticInput:
         self.target.copy_(t[0] if self.expanded else t, non_blocking=True)
 
 
-class GraphedStep:
+class GraphedStep(Generic[Out]):
     """``step(x, y)`` recorded at the second call of a layout (the third where the
     recorder warms up first) and replayed after it.
 
-    ``step`` does device work only (see the module docstring); each call returns the
-    ``(x, y)`` the step read (the static inputs where it replayed), for the caller's
-    bookkeeping. ``on_failure`` is called with the error when a recording fails (the
-    call then runs as it is, and so do all later ones of every step of that recorder).
+    ``step`` does device work only (see the module docstring) and may return tensors it
+    made (its outputs). Each call returns ``(x, y, outputs)``: the inputs the step read
+    (the static ones where it replayed) and the outputs of this call, which, where it
+    replayed, are the recording's, in the graph's memory: the next replay overwrites them,
+    so a caller that keeps them copies them. ``on_failure`` is called with the error when
+    a recording fails (the call then runs as it is, and so do all later ones of every
+    step of that recorder).
     """
 
     def __init__(
         self,
-        step: Callable[[Tensor, Tensor], None],
+        step: Callable[[Tensor, Tensor], Out],
         recorder: Recorder,
         on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
@@ -185,13 +191,14 @@ class GraphedStep:
         self._calls = 0
         self._inputs: tuple[_StaticInput, _StaticInput] | None = None
         self._replay: Callable[[], None] | None = None
+        self._outputs: Out | None = None
         #: Calls replayed, recorded and run as they are (host-side counts, for tests and
         #: benchmarks: what share of a group's steps the graph took).
         self.replays = 0
         self.recordings = 0
         self.unrecorded = 0
 
-    def __call__(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    def __call__(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Out]:
         layout = (_layout(x), _layout(y))
         if self._replay is not None and layout == self._layout:
             assert self._inputs is not None
@@ -199,7 +206,7 @@ class GraphedStep:
                 static.fill(t)
             self._replay()
             self.replays += 1
-            return self._inputs[0].view, self._inputs[1].view
+            return self._inputs[0].view, self._inputs[1].view, self._outputs  # type: ignore[return-value]
         if self._replay is not None or self._recorder.refused is not None:
             return self._unrecorded(x, y)
         if layout != self._layout:
@@ -208,31 +215,35 @@ class GraphedStep:
         if self._calls <= CALLS_BEFORE_RECORDING:
             return self._unrecorded(x, y)
         if not self._recorder.warmed:
-            self._recorder.warm_up(lambda: self._step(x, y))
+            made: list[Out] = []
+            self._recorder.warm_up(lambda: made.append(self._step(x, y)))
             self.unrecorded += 1
-            return x, y
+            return x, y, made[0]
         return self._record_and_replay(x, y)
 
-    def _unrecorded(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        self._step(x, y)
+    def _unrecorded(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Out]:
+        outputs = self._step(x, y)
         self.unrecorded += 1
-        return x, y
+        return x, y, outputs
 
-    def _record_and_replay(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    def _record_and_replay(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Out]:
         inputs = (_StaticInput(x), _StaticInput(y))
         for static, t in zip(inputs, (x, y), strict=True):
             static.fill(t)
+        made: list[Out] = []
         try:
-            replay = self._recorder.record(lambda: self._step(inputs[0].view, inputs[1].view))
+            replay = self._recorder.record(
+                lambda: made.append(self._step(inputs[0].view, inputs[1].view))
+            )
         except RuntimeError as error:  # torch.OutOfMemoryError among them
             self._recorder.refused = error
             self._on_failure(error)
             return self._unrecorded(x, y)
-        self._inputs, self._replay = inputs, replay
+        self._inputs, self._replay, self._outputs = inputs, replay, made[0]
         self.recordings += 1
         replay()
         self.replays += 1
-        return inputs[0].view, inputs[1].view
+        return inputs[0].view, inputs[1].view, made[0]
 
 
 def _warn_unrecorded(error: BaseException) -> None:
