@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from esper.contracts import BlendMode
 from esper.kasmina import CNNHost, GrowingHost
-from esper.tolaria.accumulators import accumulators, epoch_figures, finite, update_grad_flags
+from esper.tolaria.accumulators import accumulators, epoch_figures, finite, seed_grad_norms
 from tests.ops import OpCounter
 from tests.tolaria.test_epoch import FAST
 
@@ -121,7 +121,8 @@ def test_settled_sums_equal_a_check_at_every_step(steps: list[tuple[float, int, 
     losses, corrects, counts = (list(column) for column in zip(*steps, strict=True))
     acc = accumulators(_envs(1))[0]
     for loss, right, count in steps:
-        acc.record_step(torch.tensor(loss), torch.tensor(right), count)
+        acc.add_loss(torch.tensor(loss), count)
+        acc.keep_step(torch.tensor(loss), torch.tensor(right), count)
     acc.settle()
     loss_sum, correct, ok = _step_by_step(losses, corrects, counts)
     assert torch.equal(acc.loss_sum, loss_sum) or (acc.loss_sum.isnan() and loss_sum.isnan())
@@ -142,7 +143,7 @@ def test_a_non_finite_gradient_at_any_step_flags_that_parameter_alone() -> None:
             p.grad = torch.ones_like(p)
         if step == 1:
             params[1].grad[0] = math.inf
-        update_grad_flags(acc)
+        acc.pending_norms.extend(seed_grad_norms(acc))
     assert len(acc.pending_norms) == 3 * len(params)
     _, _, _, grads_finite = epoch_figures(accs, torch.device("cpu"))  # settles every env
     assert acc.params_finite.tolist() == [True] + [False] + [True] * (len(params) - 2)
@@ -158,6 +159,7 @@ def test_a_steps_bookkeeping_is_three_ops_whatever_it_checks() -> None:
     loss, correct = torch.tensor(0.5), torch.tensor(3)
     counter = OpCounter()
     with counter:
-        acc.record_step(loss, correct, 16)
-        update_grad_flags(acc)
+        acc.add_loss(loss, 16)
+        acc.keep_step(loss, correct, 16)
+        acc.pending_norms.extend(seed_grad_norms(acc))
     assert counter.ops == {"mul": 1, "add_": 1, "_foreach_norm": 1}, counter.ops

@@ -98,20 +98,16 @@ class EnvAccumulator:
     #: correct count and stacked seed-gradient norms.
     graphed: GraphedStep[tuple[Tensor, Tensor, Tensor]] | None = None
 
-    def record_step(self, loss: Tensor, correct: Tensor, count: int) -> None:
-        """One training step's detached ``loss`` (a mean over ``count`` samples) and its
-        ``correct`` count: two ops now (the loss sum), the rest at :meth:`settle`."""
-        self.add_loss(loss, count)
-        self.keep_step(loss, correct, count)
-
     def add_loss(self, loss: Tensor, count: int) -> None:
-        """:meth:`record_step`'s device work: the loss sum."""
+        """A training step's detached ``loss`` (a mean over ``count`` samples) into the
+        loss sum: two ops, the step's device work here (:meth:`keep_step` is the rest)."""
         self.loss_sum.add_(loss * count)
 
     def keep_step(self, loss: Tensor, correct: Tensor, count: int) -> None:
-        """:meth:`record_step`'s host side: the step kept for :meth:`settle`, its samples
-        counted (apart, so that a step recorded as a CUDA graph can keep copies of its
-        fixed outputs at every replay: ``esper.tolaria.step_graph``)."""
+        """The step's ``loss`` and ``correct`` count kept for :meth:`settle`, its samples
+        counted: host-side, apart from :meth:`add_loss` so that a step recorded as a CUDA
+        graph keeps copies of its fixed outputs at every replay
+        (``esper.tolaria.step_graph``)."""
         self.pending_losses.append(loss)
         self.pending_correct.append(correct)
         self.seen += count
@@ -261,16 +257,11 @@ def finite(values: Tensor) -> Tensor:
     return values.abs() < math.inf
 
 
-def update_grad_flags(acc: EnvAccumulator) -> None:
-    """Keep this step's norm of each trained seed parameter's gradient, for
-    :meth:`EnvAccumulator.settle` to AND "finite" into its flag (a gradient is finite
-    where its norm is): one op a step, on the device."""
-    acc.pending_norms.extend(seed_grad_norms(acc))
-
-
 def seed_grad_norms(acc: EnvAccumulator) -> list[Tensor]:
     """This step's norm of each of ``acc``'s trained seed parameters' gradients (none
-    where it trains no seed): :func:`update_grad_flags`' device work."""
+    where it trains no seed), for :meth:`EnvAccumulator.settle` to AND "finite" into
+    their flags once kept in ``pending_norms`` (a gradient is finite where its norm is):
+    one op a step, on the device."""
     if not acc.seed_params:
         return []
     grads = [acc.no_grad if p.grad is None else p.grad for p in acc.seed_params]

@@ -210,7 +210,8 @@ class _Options:
     scalers: dict[torch.device, torch.amp.GradScaler] | None
     paired_group: int | None = None
     compiled: bool = False
-    #: Stacked groups record their step as a CUDA graph (``esper.tolaria.step_graph``).
+    #: Steps, stacked and per-env, are recorded as CUDA graphs where the device records
+    #: (``esper.tolaria.step_graph``); ``HostTraining`` refuses it with compile or fp16.
     cuda_graphs: bool = False
 
 
@@ -425,8 +426,8 @@ def _graphed(
     env: GrowingHost, acc: EnvAccumulator, options: _Options
 ) -> GraphedStep[tuple[Tensor, Tensor, Tensor]] | None:
     """``acc``'s step recorded as a CUDA graph for the epoch, where asked and ``env``'s
-    device records (None: its steps run as they are; a compiled or fp16 step never is)."""
-    if not options.cuda_graphs or options.compiled or options.scalers is not None:
+    device records (None: its steps run as they are)."""
+    if not options.cuda_graphs:
         return None
     if acc.graphed is None:
         recorder = recorder_for(env.device)

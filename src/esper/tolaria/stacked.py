@@ -37,10 +37,10 @@ the envs' own tensors, as before. On a GPU, with ``HostTraining.cuda_graphs``, i
 is recorded as a CUDA graph once a group epoch and replayed (``esper.tolaria.step_graph``):
 the step's device work is kept apart from its host-side bookkeeping for that. Within an
 epoch nothing changes which parameters exist, so the grouping holds. What cannot be
-stacked trains on the per-env path: an env alone in
-its group, a batch whose shares differ in size from the first batch's (a loader's shorter
-last batch; the group is written back first), and a group that ran out of memory (its envs
-finish the epoch alone). A batch that does not split evenly over the envs gives some envs
+stacked trains on the per-env path: an env alone in its group, a batch whose shares
+differ in size from the first batch's (a loader's shorter last batch; the group is
+written back first), and a group that ran out of memory (its envs finish the epoch
+alone). A batch that does not split evenly over the envs gives some envs
 one row more: groups are split there at the epoch's first batch
 (``esper.tolaria.shares.by_share_size``) and stack every batch of that size. Members left
 no rows by a short batch make no step.
@@ -143,14 +143,12 @@ class StackedGroup:
         self._stacked = stacked
         self.template.check_input(x[0])  # host-side shape check, outside vmap
 
-        def device_step(x: Tensor, y: Tensor) -> None:
-            self._device_step(stacked, x, y, autocast_dtype)
-
         if self._recorder is None:
-            device_step(x, y)
+            self._device_step(stacked, x, y, autocast_dtype)
         else:
             if stacked.graphed is None:
-                stacked.graphed = GraphedStep(device_step, self._recorder)
+                step = functools.partial(self._device_step, stacked, autocast_dtype=autocast_dtype)
+                stacked.graphed = GraphedStep(step, self._recorder)
             x, y, _ = stacked.graphed(x, y)  # where the step read them: its inputs if replayed
         # Host-side bookkeeping, at every step: a replayed graph repeats device work only.
         stacked.seen += y[0].numel()
