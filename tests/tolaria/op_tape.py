@@ -54,7 +54,9 @@ class HostReadWhileRecording(RuntimeError):
     """A recorded step read a device tensor on the host, or made one from host data."""
 
 
-_Op = tuple[Any, tuple, dict, Any]
+#: An operator, its arguments, its outputs and whether grad mode was on (some kernels,
+#: such as oneDNN's LSTM layer, keep a workspace for the backward only in grad mode).
+_Op = tuple[Any, tuple, dict, Any, bool]
 
 
 def _tensors(value: object) -> list[Tensor]:
@@ -100,7 +102,7 @@ class _Tape(TorchDispatchMode):
                 self._known.add(id(tensor))
                 self.before.append((tensor, tensor.detach().clone()))
         out = func(*args, **kwargs)
-        self.ops.append((func, args, kwargs, out))
+        self.ops.append((func, args, kwargs, out, torch.is_grad_enabled()))
         self._known.update(id(t) for t in _tensors(out))  # kept alive by ``ops``
         return out
 
@@ -134,13 +136,16 @@ class TapeRecorder:
         self.recorded.append(len(tape.ops))
         ops = tape.ops
 
-        @torch.no_grad()
         def replay() -> None:
             self.replays += 1
-            for func, args, kwargs, recorded in ops:
-                fresh = func(*args, **kwargs)
-                for new, old in zip(_tensors(fresh), _tensors(recorded), strict=True):
-                    if new is not old and new.data_ptr() != old.data_ptr():
-                        old.copy_(new)
+            # Below autograd (a replay records no graph), in the grad mode each operator
+            # was recorded in.
+            with torch._C._AutoDispatchBelowAutograd():
+                for func, args, kwargs, recorded, grad_mode in ops:
+                    with torch.set_grad_enabled(grad_mode):
+                        fresh = func(*args, **kwargs)
+                    for new, old in zip(_tensors(fresh), _tensors(recorded), strict=True):
+                        if new is not old and new.data_ptr() != old.data_ptr():
+                            old.copy_(new)
 
         return replay

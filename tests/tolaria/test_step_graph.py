@@ -38,21 +38,6 @@ from tests.tolaria.test_stacked import (
 )
 
 
-@pytest.fixture
-def taped(monkeypatch: pytest.MonkeyPatch) -> list[TapeRecorder]:
-    """CPU groups record on the tape, one recorder for the CPU (as for each GPU), not yet
-    warmed up; the recorders made."""
-    made: list[TapeRecorder] = []
-
-    def make(device: torch.device) -> TapeRecorder:
-        made.append(TapeRecorder(device))
-        return made[-1]
-
-    monkeypatch.setitem(step_graph.RECORDERS, "cpu", make)
-    monkeypatch.setattr(step_graph, "_made", {})
-    return made
-
-
 def replays_per_group_epoch(recorder: TapeRecorder, batches: int) -> None:
     """Every group epoch (one recording each) replays all its batches but the first, the
     first one on the device one fewer: its recorder warmed up first."""

@@ -43,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable
-from typing import Generic, NamedTuple, Protocol, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import torch
 from torch import Tensor
@@ -166,11 +166,11 @@ class _StaticInput:
 
 
 class GraphedStep(Generic[Out]):
-    """``step(x, y)`` recorded at the second call of a layout (the third where the
-    recorder warms up first) and replayed after it.
+    """``step(*inputs)`` (a host step: ``x, y``) recorded at the second call of a layout
+    (the third where the recorder warms up first) and replayed after it.
 
     ``step`` does device work only (see the module docstring) and may return tensors it
-    made (its outputs). Each call returns ``(x, y, outputs)``: the inputs the step read
+    made (its outputs). Each call returns ``(*inputs, outputs)``: the inputs the step read
     (the static ones where it replayed) and the outputs of this call, which, where it
     replayed, are the recording's, in the graph's memory: the next replay overwrites them,
     so a caller that keeps them copies them. ``on_failure`` is called with the error when
@@ -180,16 +180,16 @@ class GraphedStep(Generic[Out]):
 
     def __init__(
         self,
-        step: Callable[[Tensor, Tensor], Out],
+        step: Callable[..., Out],
         recorder: Recorder,
         on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._step = step
         self._recorder = recorder
         self._on_failure = on_failure or _warn_unrecorded
-        self._layout: tuple[_Layout, _Layout] | None = None
+        self._layout: tuple[_Layout, ...] | None = None
         self._calls = 0
-        self._inputs: tuple[_StaticInput, _StaticInput] | None = None
+        self._inputs: tuple[_StaticInput, ...] | None = None
         self._replay: Callable[[], None] | None = None
         self._outputs: Out | None = None
         #: Calls replayed, recorded and run as they are (host-side counts, for tests and
@@ -198,52 +198,51 @@ class GraphedStep(Generic[Out]):
         self.recordings = 0
         self.unrecorded = 0
 
-    def __call__(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Out]:
-        layout = (_layout(x), _layout(y))
+    def __call__(self, *inputs: Tensor) -> tuple[Any, ...]:
+        layout = tuple(_layout(t) for t in inputs)
         if self._replay is not None and layout == self._layout:
             assert self._inputs is not None
-            for static, t in zip(self._inputs, (x, y), strict=True):
+            for static, t in zip(self._inputs, inputs, strict=True):
                 static.fill(t)
             self._replay()
             self.replays += 1
-            return self._inputs[0].view, self._inputs[1].view, self._outputs  # type: ignore[return-value]
+            return (*(static.view for static in self._inputs), self._outputs)
         if self._replay is not None or self._recorder.refused is not None:
-            return self._unrecorded(x, y)
+            return self._unrecorded(inputs)
         if layout != self._layout:
             self._layout, self._calls = layout, 0
         self._calls += 1
         if self._calls <= CALLS_BEFORE_RECORDING:
-            return self._unrecorded(x, y)
+            return self._unrecorded(inputs)
         if not self._recorder.warmed:
             made: list[Out] = []
-            self._recorder.warm_up(lambda: made.append(self._step(x, y)))
+            self._recorder.warm_up(lambda: made.append(self._step(*inputs)))
             self.unrecorded += 1
-            return x, y, made[0]
-        return self._record_and_replay(x, y)
+            return (*inputs, made[0])
+        return self._record_and_replay(inputs)
 
-    def _unrecorded(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Out]:
-        outputs = self._step(x, y)
+    def _unrecorded(self, inputs: tuple[Tensor, ...]) -> tuple[Any, ...]:
+        outputs = self._step(*inputs)
         self.unrecorded += 1
-        return x, y, outputs
+        return (*inputs, outputs)
 
-    def _record_and_replay(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Out]:
-        inputs = (_StaticInput(x), _StaticInput(y))
-        for static, t in zip(inputs, (x, y), strict=True):
+    def _record_and_replay(self, inputs: tuple[Tensor, ...]) -> tuple[Any, ...]:
+        statics = tuple(_StaticInput(t) for t in inputs)
+        for static, t in zip(statics, inputs, strict=True):
             static.fill(t)
+        views = tuple(static.view for static in statics)
         made: list[Out] = []
         try:
-            replay = self._recorder.record(
-                lambda: made.append(self._step(inputs[0].view, inputs[1].view))
-            )
+            replay = self._recorder.record(lambda: made.append(self._step(*views)))
         except RuntimeError as error:  # torch.OutOfMemoryError among them
             self._recorder.refused = error
             self._on_failure(error)
-            return self._unrecorded(x, y)
-        self._inputs, self._replay, self._outputs = inputs, replay, made[0]
+            return self._unrecorded(inputs)
+        self._inputs, self._replay, self._outputs = statics, replay, made[0]
         self.recordings += 1
         replay()
         self.replays += 1
-        return inputs[0].view, inputs[1].view, made[0]
+        return (*views, made[0])
 
 
 def _warn_unrecorded(error: BaseException) -> None:
