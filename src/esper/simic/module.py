@@ -42,6 +42,7 @@ from esper.simic.learner import LearnerCopy, check_learner_run, parse_learner_de
 from esper.simic.normalizer import NormalizerConfig, RunningObsNormalizer
 from esper.simic.ppo import PPOConfig, make_optimizer, ppo_update
 from esper.simic.ppo_collector import PPOCollector
+from esper.simic.ppo_graph import RecordedMinibatches
 from esper.simic.rng import capture_rng_state, restore_rng_state
 from esper.simic.schedules import entropy_coef_at, learning_rate_at
 from esper.simic.update_metrics import PROGRESS_BAR_METRICS, rollout_metrics
@@ -49,6 +50,7 @@ from esper.simic.validation import as_config, check_ent_coef_final, validate_run
 from esper.tamiyo.policy import PolicyConfig, PolicyNetwork
 from esper.threads import intra_op_threads
 from esper.tolaria.data.base import HostDataModule
+from esper.tolaria.step_graph import recorder_for
 
 #: Host arguments a run takes when it is given none: the hosts start small, so growth has
 #: something to add (measured: benchmarks/README.md, "Design figures kept out of
@@ -105,8 +107,10 @@ class PPOModule(LightningModule):
             per_env elsewhere.
         cuda_graphs: on a GPU each stacked group, and each env training on its own,
             records its training step as a CUDA graph once an epoch and replays it: a
-            step's launches become one. Results are unchanged; not with ``compile`` or
-            ``amp=fp16``; off by default until measured on a GPU (benchmarks/README.md).
+            step's launches become one; so does the PPO update its minibatch passes, once
+            a run (``esper.simic.ppo_graph``; one process, no autocast). Results are
+            unchanged; not with ``compile`` or ``amp=fp16``; off by default until measured
+            on a GPU (benchmarks/README.md).
         learner_device: where the PPO update runs: None (default) where the policy acts
             (the hosts' device); ``cpu`` on a copy of the policy on the CPU while it acts
             on the GPU, for an update of many small operators that a GPU's launching
@@ -171,6 +175,9 @@ class PPOModule(LightningModule):
         #: The policy's copy that the update trains, on ``learner_device``; None: the
         #: update trains the acting policy itself.
         self._learner: LearnerCopy | None = None
+        #: The PPO update's recorded minibatch passes (``cuda_graphs``), made at the first
+        #: update that records, for the policy the update trains.
+        self._recorded: RecordedMinibatches | None = None
         self.policy: PolicyNetwork | None = None
         self._obs_dim = 0
         self.normalizer: RunningObsNormalizer | None = None
@@ -311,6 +318,7 @@ class PPOModule(LightningModule):
                 ent_coef=self._ent_coef(),
                 generator=self._generator,
                 backward=self.manual_backward,
+                minibatch_pass=self._minibatch_pass(policy),
             )
         if learner is not None:
             learner.push(self.policy)
@@ -331,6 +339,23 @@ class PPOModule(LightningModule):
                 sync_dist=True,  # means over ranks, logged by rank 0
             )
         self._hooks()("on_ppo_update_end", dict(metrics))
+
+    def _minibatch_pass(self, policy: PolicyNetwork) -> RecordedMinibatches | None:
+        """The update's minibatch passes recorded and replayed (``esper.simic.ppo_graph``),
+        where ``cuda_graphs`` asks and ``policy``'s device records; None: they run as they
+        are. Not under DDP (its gradient hooks are not tried with recorded gradients) nor
+        under autocast (a recording cannot hold autocast's cache of cast weights)."""
+        if not self.env_config.cuda_graphs or self.trainer.world_size > 1:
+            return None
+        device = next(policy.parameters()).device
+        if torch.is_autocast_enabled(device.type):
+            return None
+        if self._recorded is None or self._recorded.policy is not policy:
+            recorder = recorder_for(device)
+            if recorder is None:
+                return None
+            self._recorded = RecordedMinibatches(policy, self.ppo_config, recorder)
+        return self._recorded
 
     def _all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return self.trainer.strategy.reduce(tensor, reduce_op="sum")

@@ -24,7 +24,7 @@ algorithm. What is specific to Esper:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -285,6 +285,43 @@ def ppo_losses(
     )
 
 
+def minibatch_losses(policy: PolicyNetwork, mb: PPOBatch, config: PPOConfig) -> PPOLosses:
+    """The policy's replay of minibatch ``mb`` (:meth:`PolicyNetwork.evaluate`) and its
+    PPO terms (:func:`ppo_losses`)."""
+    new_log_prob, entropy, new_value = policy.evaluate(
+        mb.obs,
+        mb.hidden0,
+        mb.masks,
+        mb.actions,
+        mb.episode_starts,
+        hidden_restarts=mb.hidden_restarts,
+        stored_hidden=mb.hidden,
+        breaks=mb.breaks,
+    )
+    return ppo_losses(mb, new_log_prob, entropy, new_value, config)
+
+
+def total_loss(losses: PPOLosses, ent_coef: float | Tensor, config: PPOConfig) -> Tensor:
+    """The one loss a minibatch step back-propagates: the clipped surrogate less the
+    entropy bonus plus the weighted value loss. ``ent_coef`` a float or a device scalar
+    (a recorded step reads it from a tensor: it anneals between updates)."""
+    return losses.policy - ent_coef * losses.entropy + config.vf_coef * losses.value
+
+
+#: What runs a minibatch's forward for :func:`ppo_update`: ``(batch, envs, ent_coef)``, the
+#: minibatch being the envs ``envs`` (long, on the CPU) of ``batch``, to its PPO terms and
+#: the loss to back-propagate (``esper.simic.ppo_graph`` records and replays it, its
+#: gathers included).
+MinibatchPass = Callable[[PPOBatch, Tensor, float], tuple[PPOLosses, Tensor]]
+
+
+def _eager_pass(
+    policy: PolicyNetwork, mb: PPOBatch, ent_coef: float, config: PPOConfig
+) -> tuple[PPOLosses, Tensor]:
+    losses = minibatch_losses(policy, mb, config)
+    return losses, total_loss(losses, ent_coef, config)
+
+
 def make_optimizer(policy: nn.Module, config: PPOConfig) -> torch.optim.Adam:
     """Adam with CleanRL's ``eps=1e-5`` (via ``config.adam_eps``), fused.
 
@@ -317,12 +354,15 @@ def ppo_update(
     ent_coef: float | None = None,
     generator: torch.Generator | None = None,
     backward: Callable[[Tensor], None] | None = None,
+    minibatch_pass: MinibatchPass | None = None,
 ) -> dict[str, Tensor]:
     """Run ``config.update_epochs`` epochs of recurrent-minibatch PPO on ``batch``.
 
     ``ent_coef`` overrides ``config.ent_coef`` (for annealing). ``backward`` replaces
     ``loss.backward()``: a LightningModule passes ``manual_backward`` so that under DDP
-    every optimiser step sees gradients averaged over ranks. Returns device scalars:
+    every optimiser step sees gradients averaged over ranks. ``minibatch_pass`` replaces
+    the policy's forward over each minibatch and its loss (:data:`MinibatchPass`: a
+    recorded one, ``esper.simic.ppo_graph``). Returns device scalars:
     the :data:`STAT_NAMES` averaged over the minibatches run, ``epochs_run`` (fewer
     than ``update_epochs`` only after a target-KL stop) and ``explained_variance`` of the
     rollout's values against its returns. Host reads: none when
@@ -346,22 +386,19 @@ def ppo_update(
     for _ in range(config.update_epochs):
         epoch_kl = torch.zeros((), device=device)
         env_order = torch.randperm(batch.n_envs, generator=generator)
-        # Shuffled once an epoch, then cut: one gather a field, not one a minibatch.
-        shuffled = batch.select_envs(env_order)
-        for mb in shuffled.split_envs(config.n_minibatches):
-            new_log_prob, entropy, new_value = policy.evaluate(
-                mb.obs,
-                mb.hidden0,
-                mb.masks,
-                mb.actions,
-                mb.episode_starts,
-                hidden_restarts=mb.hidden_restarts,
-                stored_hidden=mb.hidden,
-                breaks=mb.breaks,
+        if minibatch_pass is None:
+            # Shuffled once an epoch, then cut: one gather a field, not one a minibatch.
+            passes: Iterable[tuple[PPOLosses, Tensor]] = (
+                _eager_pass(policy, mb, ent_coef, config)
+                for mb in batch.select_envs(env_order).split_envs(config.n_minibatches)
             )
-            losses = ppo_losses(mb, new_log_prob, entropy, new_value, config)
-            loss = losses.policy - ent_coef * losses.entropy + config.vf_coef * losses.value
-
+        else:
+            passes = (
+                minibatch_pass(batch, envs, ent_coef)
+                for envs in env_order.tensor_split(config.n_minibatches)
+            )
+        # Lazily: each minibatch's forward runs after the step before it.
+        for losses, loss in passes:
             optimizer.zero_grad(set_to_none=True)
             if backward is None:
                 loss.backward()

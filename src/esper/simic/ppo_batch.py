@@ -140,6 +140,36 @@ class PPOBatch:
         env_idx = order.to(self.obs.device, non_blocking=True)
         return self._map(lambda t: t.index_select(0, env_idx), order.tolist)
 
+    def breaks_of(self, order: Tensor) -> tuple[tuple[int, ...], ...] | None:
+        """The ``breaks`` of :meth:`select_envs` of ``order`` (read only where some env's
+        chain breaks: a CPU tensor, no device wait)."""
+        return self._breaks_of(order.tolist, order.shape[0])
+
+    def tensors(self) -> tuple[Tensor, ...]:
+        """Every tensor of the batch, masks and stored states included, in the order
+        :meth:`from_tensors` takes them: what a recorded update copies into the tensors
+        its graph reads (``esper.simic.ppo_graph``)."""
+        return (
+            *(getattr(self, name) for name in _TENSOR_FIELDS),
+            *(getattr(self.masks, f.name) for f in fields(ActionMasks)),
+            *self.hidden,
+        )
+
+    @classmethod
+    def from_tensors(
+        cls, tensors: Sequence[Tensor], breaks: tuple[tuple[int, ...], ...] | None = None
+    ) -> PPOBatch:
+        """The batch of ``tensors`` (as :meth:`tensors` orders them) and ``breaks``."""
+        n, m = len(_TENSOR_FIELDS), len(fields(ActionMasks))
+        if len(tensors) != n + m + 2:
+            raise ValueError(f"PPOBatch.from_tensors takes {n + m + 2} tensors, got {len(tensors)}")
+        return cls(
+            **dict(zip(_TENSOR_FIELDS, tensors[:n], strict=True)),
+            masks=ActionMasks(*tensors[n : n + m]),
+            hidden=(tensors[n + m], tensors[n + m + 1]),
+            breaks=breaks,
+        )
+
     def _map(self, fn: Callable[[Tensor], Tensor], envs: Callable[[], Sequence[int]]) -> PPOBatch:
         """``fn`` applied to every tensor (masks and stored states included), which then
         holds ``envs()`` of this batch in that order (asked only where an env's chain of
@@ -164,3 +194,10 @@ class PPOBatch:
         if not any(self.breaks):  # every subset is unbroken: no need to know which envs
             return ((),) * n_envs
         return tuple(self.breaks[e] for e in envs())
+
+
+#: The fields that are one tensor each (``masks`` and ``hidden`` hold several, ``breaks``
+#: none), in :meth:`PPOBatch.tensors`' order.
+_TENSOR_FIELDS = tuple(
+    f.name for f in fields(PPOBatch) if f.name not in ("masks", "hidden", "breaks")
+)

@@ -11,10 +11,17 @@ a few unbroken segments, each from a state the buffer stored; padded to the long
 segments are the rows of one fused LSTM call, and each step's output is gathered back.
 
 Shapes: ``E`` envs, ``T`` steps, ``S`` segments, ``L`` steps in the longest.
+
+A layout depends on the breaks alone, so the last :data:`LAYOUTS_KEPT` are kept
+(:func:`layout_of`): a minibatch whose envs break where an earlier one's did finds its
+indices on the device already, which is what lets a recorded minibatch pass
+(``esper.simic.ppo_graph``) replay its segments: a CUDA graph cannot record the upload
+of indices made on the host, and it records the kept ones' addresses.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -82,6 +89,25 @@ def segment_layout(
     )
 
 
+#: Segment layouts kept on their devices (:func:`layout_of`): a minibatch's breaks are
+#: those of its envs, so an update of ``E`` envs with restores in a few has few distinct
+#: ones; each is a few hundred indices.
+LAYOUTS_KEPT = 64
+
+
+@functools.lru_cache(maxsize=LAYOUTS_KEPT)
+def _kept_layout(
+    breaks: tuple[tuple[int, ...], ...], n_steps: int, device: torch.device
+) -> SegmentLayout:
+    return segment_layout(breaks, n_steps, device)
+
+
+def layout_of(breaks: Sequence[Sequence[int]], n_steps: int, device: torch.device) -> SegmentLayout:
+    """:func:`segment_layout`, kept for the next caller with the same breaks (its tensors
+    are never written)."""
+    return _kept_layout(tuple(tuple(cuts) for cuts in breaks), n_steps, device)
+
+
 #: A fused LSTM over ``rows [S, L, H]`` from ``start`` (``(h, c)`` each ``[layers, S, H]``),
 #: each row's state zeroed first where ``resets [S]`` is true: ``[S, L, H]``.
 Recurrence = Callable[[Tensor, tuple[Tensor, Tensor], Tensor], Tensor]
@@ -99,7 +125,7 @@ def replay_in_segments(
     state (``(h, c)`` each ``[E, T, layers, H]``), zeroed where that step starts an episode
     (``episode_starts [E, T]`` bool), as the step loop restarts it there."""
     n_envs, n_steps = x.shape[:2]
-    layout = segment_layout(breaks, n_steps, x.device)
+    layout = layout_of(breaks, n_steps, x.device)
     rows = x.reshape(n_envs * n_steps, -1).index_select(0, layout.steps)
     # [layers, S, H], contiguous: cuDNN's RNN takes no strided state.
     h, c = (

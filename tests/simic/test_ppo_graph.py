@@ -1,0 +1,219 @@
+"""The PPO update's minibatch passes recorded and replayed (``esper.simic.ppo_graph``).
+
+On a CPU the recorder is ``tests/tolaria/op_tape.TapeRecorder``: it holds a step to a CUDA
+graph's rules (device work only, on fixed memory, no host reads) and runs the same
+kernels in the same order, so a recorded update must equal an unrecorded one bit for bit.
+The CUDA test at the end runs the real recorder where a GPU is at hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from esper.host_reads import HostReadCounter
+from esper.simic import ppo_graph
+from esper.simic.ppo import PPOBatch, PPOConfig, make_optimizer, ppo_update
+from esper.simic.ppo_graph import RecordedMinibatches
+from esper.tamiyo.policy import PolicyNetwork
+from esper.tolaria import step_graph
+from tests.simic.recorded_fit import recorded_fit
+from tests.simic.test_ppo import _rollout_batch
+from tests.tamiyo.factories import make_policy
+from tests.tolaria.op_tape import TapeRecorder
+
+#: Three updates whose entropy weight anneals, as ``ent_coef_final`` makes it.
+ENT_COEFS = (0.01, 0.004, 0.0)
+CONFIG = PPOConfig(update_epochs=2, n_minibatches=2)
+
+
+def _batches() -> dict[str, PPOBatch]:
+    policy = make_policy()
+    broken = _rollout_batch(policy, n_steps=6, breaks_known=True)
+    return {
+        "unbroken": _rollout_batch(policy, n_steps=6, unbroken=True),
+        "broken": broken,  # governor restores: each env its own breaks
+        "stepped": dataclasses.replace(broken, breaks=None),  # the step-by-step replay
+    }
+
+
+def _updates(
+    batch: PPOBatch,
+    recorder: TapeRecorder | None,
+    backward: Callable[[torch.Tensor], None] | None = None,
+) -> tuple[PolicyNetwork, torch.optim.Optimizer, list[dict[str, torch.Tensor]]]:
+    """Three updates of a fresh policy on ``batch``, recorded by ``recorder`` or not."""
+    policy = make_policy(seed=1)
+    optimizer = make_optimizer(policy, CONFIG)
+    recorded = None if recorder is None else RecordedMinibatches(policy, CONFIG, recorder)
+    generator = torch.Generator().manual_seed(3)
+    stats = [
+        ppo_update(
+            policy,
+            optimizer,
+            batch,
+            CONFIG,
+            ent_coef=ent_coef,
+            generator=generator,
+            backward=backward,
+            minibatch_pass=recorded,
+        )
+        for ent_coef in ENT_COEFS
+    ]
+    return policy, optimizer, stats
+
+
+def _assert_same_updates(
+    a: tuple[PolicyNetwork, torch.optim.Optimizer, list[dict[str, torch.Tensor]]],
+    b: tuple[PolicyNetwork, torch.optim.Optimizer, list[dict[str, torch.Tensor]]],
+) -> None:
+    (policy_a, optim_a, stats_a), (policy_b, optim_b, stats_b) = a, b
+    for name, value in policy_a.state_dict().items():
+        assert torch.equal(value, policy_b.state_dict()[name]), name
+    for p_a, p_b in zip(policy_a.parameters(), policy_b.parameters(), strict=True):
+        for key, value in optim_a.state[p_a].items():
+            assert torch.equal(value, optim_b.state[p_b][key]), key
+    for update_a, update_b in zip(stats_a, stats_b, strict=True):
+        for name, value in update_a.items():
+            assert torch.equal(value, update_b[name]), name
+
+
+@pytest.mark.parametrize("kind", ["unbroken", "broken", "stepped"])
+def test_recorded_updates_equal_unrecorded_ones(kind: str) -> None:
+    """Weights, Adam's moments and every statistic, bit for bit, over three updates whose
+    entropy weight changes: unbroken episodes (one fused LSTM call), restores with their
+    breaks listed (segments) and without (the step loop)."""
+    batch = _batches()[kind]
+    recorder = TapeRecorder()
+    _assert_same_updates(_updates(batch, None), _updates(batch, recorder))
+    if kind != "broken":  # one layout: every minibatch but the first two replays
+        calls = len(ENT_COEFS) * CONFIG.update_epochs * CONFIG.n_minibatches
+        assert recorder.recorded and recorder.replays == calls - 2
+
+
+def test_one_recording_serves_every_update_of_a_run() -> None:
+    """Minibatches of one layout: the first runs as it is, the second warms the recorder
+    up, the third is recorded, and every later one, in every update, replays it."""
+    recorder = TapeRecorder()
+    policy = make_policy(seed=1)
+    recorded = RecordedMinibatches(policy, CONFIG, recorder)
+    optimizer = make_optimizer(policy, CONFIG)
+    batch = _batches()["unbroken"]
+    for ent_coef in ENT_COEFS:
+        ppo_update(policy, optimizer, batch, CONFIG, ent_coef=ent_coef, minibatch_pass=recorded)
+    (step,) = recorded.steps
+    assert (step.unrecorded, step.recordings, step.replays) == (2, 1, 10)
+    assert len(recorder.recorded) == 1
+
+
+def test_a_scaled_backward_scales_the_recorded_gradients() -> None:
+    """The recorded gradients reach the parameters through the caller's backward (a
+    Lightning ``manual_backward`` with a loss scaler's factor, say) as eager ones do."""
+
+    def scaled(loss: torch.Tensor) -> None:
+        (loss * 1024.0).backward()
+
+    batch = _batches()["unbroken"]
+    _assert_same_updates(_updates(batch, None, scaled), _updates(batch, TapeRecorder(), scaled))
+
+
+def test_the_recorded_update_reads_nothing_on_the_host() -> None:
+    """As the eager update: no read without ``target_kl`` (the recording itself would
+    refuse one)."""
+    batch = _batches()["unbroken"]
+    with HostReadCounter() as counter:
+        _updates(batch, TapeRecorder())
+    assert counter.count == 0, counter.report()
+
+
+def test_layouts_beyond_the_limit_let_the_least_recently_used_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Restores give minibatches breaks of their own: each such layout is one more
+    entry, and no more than ``MAX_LAYOUTS`` are kept; results stay the eager ones."""
+    monkeypatch.setattr(ppo_graph, "MAX_LAYOUTS", 2)
+    batch = _batches()["broken"]
+    policy = make_policy(seed=1)
+    recorded = RecordedMinibatches(policy, CONFIG, TapeRecorder())
+    optimizer = make_optimizer(policy, CONFIG)
+    for ent_coef in ENT_COEFS:
+        ppo_update(
+            policy,
+            optimizer,
+            batch,
+            CONFIG,
+            ent_coef=ent_coef,
+            generator=torch.Generator().manual_seed(0),
+            minibatch_pass=recorded,
+        )
+    assert len(recorded.steps) == 2
+
+
+def test_a_step_that_cannot_be_recorded_warns_and_the_update_runs_as_it_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A host read in the pass (a plugin's, say) fails the recording: a warning naming
+    the error, then every minibatch runs as it is, with the eager results."""
+    losses = ppo_graph.minibatch_losses
+
+    def reads(*args: object) -> object:
+        out = losses(*args)  # type: ignore[arg-type]
+        float(out.policy)
+        return out
+
+    monkeypatch.setattr(ppo_graph, "minibatch_losses", reads)
+    batch = _batches()["unbroken"]
+    recorder = TapeRecorder()
+    with pytest.warns(RuntimeWarning, match="PPO minibatch step could not be recorded"):
+        recorded = _updates(batch, recorder)
+    assert recorder.refused is not None and recorder.replays == 0
+    _assert_same_updates(_updates(batch, None), recorded)
+
+
+@pytest.mark.slow
+def test_a_fit_that_records_resumes_as_an_unbroken_fit_without_graphs(
+    tmp_path: Path, taped: list[TapeRecorder]
+) -> None:
+    """``PPOModule(cuda_graphs=True)``: its updates replay their minibatches (Lightning
+    still counts each optimizer step: ``max_steps`` stops the first fit after one
+    update), and stopped and resumed it ends with the policy of an unbroken fit without
+    graphs, update for update."""
+    plain, plain_returns = recorded_fit(tmp_path / "plain", 3, engine="per_env")
+    first, first_returns = recorded_fit(
+        tmp_path / "graphs", 3, stop_after=1, engine="per_env", cuda_graphs=True
+    )
+    assert first._recorded is not None and first._recorded.steps[0].replays > 0
+    resumed, resumed_returns = recorded_fit(
+        tmp_path / "graphs", 3, ckpt_path="last", engine="per_env", cuda_graphs=True
+    )
+    assert first_returns + resumed_returns == plain_returns
+    for name, value in plain.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[name]), name
+
+
+# ------------------------------------------------------------------------------ CUDA
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_recorded_updates_equal_unrecorded_ones() -> None:
+    """The real recorder: three updates recorded and replayed as CUDA graphs against the
+    same updates eager, within 1e-6 (cuDNN's RNN kernels may differ between a capture's
+    stream and the default one), and the minibatches did replay."""
+    device = torch.device("cuda")
+    batch = _batches()["unbroken"].to(device)
+    results = []
+    for record in (False, True):
+        policy = make_policy(seed=1).to(device)
+        optimizer = make_optimizer(policy, CONFIG)
+        recorder = step_graph.recorder_for(device) if record else None
+        recorded = None if recorder is None else RecordedMinibatches(policy, CONFIG, recorder)
+        for ent_coef in ENT_COEFS:
+            ppo_update(policy, optimizer, batch, CONFIG, ent_coef=ent_coef, minibatch_pass=recorded)
+        results.append(policy)
+        if recorded is not None:
+            assert recorded.steps[0].replays > 0
+    for name, value in results[0].state_dict().items():
+        torch.testing.assert_close(results[1].state_dict()[name], value, atol=1e-6, rtol=0)
