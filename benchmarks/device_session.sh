@@ -2,7 +2,7 @@
 # Issue 35's device checks in ONE call of the `device` tool, for a session whose 15 minutes
 # of device time must hold the machine's start too (a minute or two). Parts, each under
 # its own timeout, run in the order ESPER_DEVICE_PARTS names them. All thirteen take up to
-# 2080 s, more than one call's 600: the default, "tests graphs cuda_updates", takes up to
+# 2110 s, more than one call's 600: the default, "tests graphs cuda_updates", takes up to
 # 600 s (whether recording stacked steps as CUDA graphs holds and pays, then Esper's
 # steady seconds an update without them, with the PPO update where the policy acts and
 # on the CPU); a second call fits only if the first ends early: "cuda_side" (esper-lite's
@@ -13,16 +13,19 @@
 #   graphs     --model.cuda_graphs (esper.tolaria.step_graph), never yet run on a GPU:
 #              benchmarks/gpu.py, predecessor's host at 4, 16 and 64 envs, stacked
 #              against stacked_graphs (issue 35's 0.35 ms a host step at 16 envs),
-#              then update_profile.py on CUDA, 16 envs, with cuda_graphs on: seconds
-#              an update and its phases (against cuda_updates' first figure)    210 s
+#              then update_profile.py on CUDA, 16 envs, with cuda_graphs on (host
+#              steps and the PPO update's minibatches recorded): seconds an update
+#              and its phases (against cuda_updates' first figure)               210 s
 #   profile    benchmarks/update_profile.py on CUDA, 16 envs, 2 updates: where an
 #              update's seconds go (3.2 s at 78e9838), each phase's kernels, waits
 #              for the device and copies (--counts), and the CPU time of CUDA's own
 #              calls, launches, syncs, copies, allocations (--trace)           180 s
-#   ppo        benchmarks/ppo_update.py, 16 envs, 8-epoch episodes, on CUDA and then on
-#              one core of that CPU: whether the policy should learn on the CPU while
-#              the hosts train on the GPU (a CUDA fit's PPO phase took 0.33-0.43 s an
-#              update at 65f9830, the same update 0.09 s on this 2-core VM)       100 s
+#   ppo        benchmarks/ppo_update.py, 16 envs, 8-epoch episodes, on CUDA, each path
+#              also with its minibatches recorded as CUDA graphs (--recorded: 4 974
+#              kernel ops an update left at 525 on this CPU's tape), then on one core
+#              of that CPU: whether the policy should learn on the CPU while the hosts
+#              train on the GPU (a CUDA fit's PPO phase took 0.33-0.43 s an update at
+#              65f9830, the same update 0.09 s on this 2-core VM)                130 s
 #   gpu        benchmarks/gpu.py, predecessor's host at 4 and 16 envs, both engines,
 #              with busy shares (lost to a timeout at 78e9838), then grown hosts   120 s
 #   launch     benchmarks/launch_strategies.py on CUDA (the ways an engine could launch,
@@ -98,8 +101,9 @@ part() {
       timeout 90 "$py" benchmarks/update_profile.py --device cpu --n-envs 4 --updates 2 \
         --repeats 1 -- --model.engine stacked 2>&1 | tee "$out/cpu_update_profile_stacked.txt" ;;
     ppo)
-      timeout 60 "$py" benchmarks/ppo_update.py --device "$device" --n-envs 16 \
-        --episode-epochs 8 2>&1 | tee "$out/ppo_update.txt"
+      recorded=; [ "$device" = cuda ] && recorded=--recorded
+      timeout 90 "$py" benchmarks/ppo_update.py --device "$device" --n-envs 16 \
+        --episode-epochs 8 $recorded 2>&1 | tee "$out/ppo_update.txt"
       timeout 40 "$py" benchmarks/ppo_update.py --device cpu --n-envs 16 \
         --episode-epochs 8 2>&1 | tee "$out/ppo_update_cpu.txt" ;;
     gpu)

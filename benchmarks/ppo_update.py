@@ -18,8 +18,16 @@ intra-op threads; kernel ops are counted in one more update (``dispatch.py``'s
 ``KernelOps``: every aten operator but views, bare allocations and wrapped scalars),
 the launches a launch-bound GPU pays for, whatever machine counts them.
 
+``--recorded`` adds each path with its minibatch passes recorded and replayed
+(``esper.simic.ppo_graph``, what ``cuda_graphs`` turns on): one policy and one recording
+over the warm-up and the timed updates, as in a run, where the recording serves every
+update; a replay counts as one launch. On a CUDA device the recorder is a CUDA graph's;
+on a CPU, ``--tape`` takes the tests' tape recorder (``tests/tolaria/op_tape.py``), which
+runs each replay operator by operator: its seconds say nothing, its count of what is
+left to launch is the GPU's.
+
 Usage: ``python benchmarks/ppo_update.py [--n-envs 4 16] [--episode-epochs 25]
-[--repeats 5] [--threads 1] [--device cpu]``
+[--repeats 5] [--threads 1] [--device cpu] [--recorded [--tape]]``
 """
 
 from __future__ import annotations
@@ -28,15 +36,20 @@ import argparse
 import copy
 import dataclasses
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from dispatch import KernelOps
 from rollout import build, synchronize
+from torch.utils._python_dispatch import _disable_current_modes
 
 from esper.simic.ppo import PPOConfig, make_optimizer, ppo_update
 from esper.simic.ppo_batch import PPOBatch
+from esper.simic.ppo_graph import RecordedMinibatches
+from esper.tolaria.step_graph import Recorder, recorder_for
 
 
 def restored(batch: PPOBatch) -> PPOBatch:
@@ -64,11 +77,18 @@ PATHS: dict[str, Callable[[PPOBatch], PPOBatch]] = {
 
 
 def measure(
-    batch: PPOBatch, policy: torch.nn.Module, repeats: int, device: torch.device
+    batch: PPOBatch,
+    policy: torch.nn.Module,
+    repeats: int,
+    device: torch.device,
+    recorder: Recorder | None = None,
 ) -> tuple[float, int]:
     """Median seconds of ``repeats`` updates and the kernel ops of one, each update from a
-    copy of ``policy`` with a fresh optimizer, on ``batch``."""
+    copy of ``policy`` with a fresh optimizer, on ``batch``; with ``recorder``, its
+    minibatches recorded and replayed, all updates from one copy (:func:`measure_recorded`)."""
     config = PPOConfig()
+    if recorder is not None:
+        return measure_recorded(batch, copy.deepcopy(policy), repeats, device, recorder)
 
     def fresh() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         copied = copy.deepcopy(policy)
@@ -90,6 +110,58 @@ def measure(
     return statistics.median(seconds), sum(ops.counts.values())
 
 
+def measure_recorded(
+    batch: PPOBatch,
+    policy: torch.nn.Module,
+    repeats: int,
+    device: torch.device,
+    recorder: Recorder,
+) -> tuple[float, int]:
+    """:func:`measure` with the minibatch passes recorded: one policy, one optimizer and
+    one recording for the warm-up (which records) and every later update, as a run has;
+    the kernel ops of the last update count each replay as one launch."""
+    config = PPOConfig()
+    optimizer = make_optimizer(policy, config)
+    passes = RecordedMinibatches(policy, config, recorder)  # type: ignore[arg-type]
+
+    def update() -> None:
+        ppo_update(policy, optimizer, batch, config, minibatch_pass=passes)
+
+    update()  # warm-up: records
+    seconds = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        update()
+        synchronize(device)
+        seconds.append(time.perf_counter() - start)
+    replays = sum(step.replays for step in passes.steps)
+    ops = KernelOps()
+    with ops:
+        update()
+    replayed = sum(step.replays for step in passes.steps) - replays
+    return statistics.median(seconds), sum(ops.counts.values()) + replayed
+
+
+def tape_recorder() -> Recorder:
+    """The tests' tape recorder, its replays hidden from ``KernelOps`` (the count adds
+    one launch a replay, as a CUDA graph's)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.tolaria.op_tape import TapeRecorder
+
+    class UncountedTape(TapeRecorder):
+        def record(self, step: Callable[[], None]) -> Callable[[], None]:
+            replay = super().record(step)
+
+            def hidden() -> None:
+                with _disable_current_modes():
+                    replay()
+
+            return hidden
+
+    return UncountedTape(torch.device("cpu"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n-envs", type=int, nargs="+", default=[4, 16])
@@ -97,9 +169,20 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--recorded", action="store_true", help="also each path with its minibatches recorded"
+    )
+    parser.add_argument(
+        "--tape", action="store_true", help="with --recorded on a CPU: the tests' tape recorder"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    recorder = None
+    if args.recorded:
+        recorder = tape_recorder() if args.tape else recorder_for(device)
+        if recorder is None:
+            parser.error(f"--recorded: {device} records nothing; on a CPU add --tape")
     config = PPOConfig()
     rollout_args = argparse.Namespace(
         data="digits", batch_size=128, episode_epochs=args.episode_epochs
@@ -117,11 +200,19 @@ def main() -> None:
         collector = build(n_envs, rollout_args, device)
         batch, _ = collector.collect_batch(0)
         for path, made in PATHS.items():
-            seconds, ops = measure(made(batch), collector.policy, args.repeats, device)
-            print(
-                f"| {n_envs} | {batch.obs.shape[1]} | {path} | {seconds:.3f} | {ops} |",
-                flush=True,
-            )
+            for record in (False, True) if recorder is not None else (False,):
+                seconds, ops = measure(
+                    made(batch),
+                    collector.policy,
+                    args.repeats,
+                    device,
+                    recorder if record else None,
+                )
+                name = f"{path}, recorded" if record else path
+                print(
+                    f"| {n_envs} | {batch.obs.shape[1]} | {name} | {seconds:.3f} | {ops} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

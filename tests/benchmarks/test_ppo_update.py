@@ -38,3 +38,35 @@ def test_it_times_every_replay_path_on_one_collected_batch(
     assert all(float(row[3]) > 0 for row in (fused, restored, stepped))
     # The loop launches more, the figures say so; the restores cost a few ops a minibatch.
     assert 0 < int(fused[4]) < int(restored[4]) < int(stepped[4])
+
+
+def test_recorded_paths_count_what_a_recording_leaves_to_launch(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--recorded --tape``: each path again with its minibatches recorded on the tests'
+    tape, one recording over the updates of a run; what is left to launch is a fraction
+    of the eager update's operators (a replay counted as one)."""
+    argv = ["ppo_update.py", "--n-envs", "2", "--episode-epochs", "3", "--repeats", "1"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--recorded", "--tape"])
+    ppo_update.main()
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]
+    ops = {row.split("|")[3].strip(): int(row.split("|")[5]) for row in rows}
+    assert list(ops) == [
+        "one call",
+        "one call, recorded",
+        "one call, restores",
+        "one call, restores, recorded",
+        "step loop",
+        "step loop, recorded",
+    ]
+    for path in ("one call", "one call, restores", "step loop"):
+        assert 0 < ops[f"{path}, recorded"] < ops[path] / 4, (path, ops)
+
+
+def test_recorded_without_a_recorder_says_to_add_the_tape(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["ppo_update.py", "--recorded"])
+    with pytest.raises(SystemExit):
+        ppo_update.main()
+    assert "add --tape" in capsys.readouterr().err
