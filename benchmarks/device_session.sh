@@ -22,7 +22,7 @@
 #              calls, launches, syncs, copies, allocations (--trace)           180 s
 #   ppo        benchmarks/ppo_update.py, 16 envs, 8-epoch episodes, on CUDA, each path
 #              also with its minibatches recorded as CUDA graphs (--recorded: 4 974
-#              kernel ops an update left at 525 on this CPU's tape), then on one core
+#              kernel ops an update left at 640 on this CPU's tape), then on one core
 #              of that CPU: whether the policy should learn on the CPU while the hosts
 #              train on the GPU (a CUDA fit's PPO phase took 0.33-0.43 s an update at
 #              65f9830, the same update 0.09 s on this 2-core VM)                130 s

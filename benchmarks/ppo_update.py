@@ -125,7 +125,7 @@ def measure_recorded(
     passes = RecordedMinibatches(policy, config, recorder)  # type: ignore[arg-type]
 
     def update() -> None:
-        ppo_update(policy, optimizer, batch, config, minibatch_pass=passes)
+        ppo_update(policy, optimizer, batch, config, minibatch_passes=passes)
 
     update()  # warm-up: records
     seconds = []

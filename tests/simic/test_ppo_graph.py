@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from esper.host_reads import HostReadCounter
 from esper.simic import ppo_graph
@@ -60,7 +62,7 @@ def _updates(
             ent_coef=ent_coef,
             generator=generator,
             backward=backward,
-            minibatch_pass=recorded,
+            minibatch_passes=recorded,
         )
         for ent_coef in ENT_COEFS
     ]
@@ -90,24 +92,88 @@ def test_recorded_updates_equal_unrecorded_ones(kind: str) -> None:
     batch = _batches()[kind]
     recorder = TapeRecorder()
     _assert_same_updates(_updates(batch, None), _updates(batch, recorder))
-    if kind != "broken":  # one layout: every minibatch but the first two replays
+    if kind != "broken":  # one layout a place: all replay but each place's first and a warm-up
         calls = len(ENT_COEFS) * CONFIG.update_epochs * CONFIG.n_minibatches
-        assert recorder.recorded and recorder.replays == calls - 2
+        assert recorder.recorded and recorder.replays == calls - CONFIG.n_minibatches - 1
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    n_envs=st.integers(2, 6),
+    n_steps=st.integers(2, 6),
+    kind=st.sampled_from(["unbroken", "broken", "stepped"]),
+    minibatches=st.integers(1, 3),
+    normalize=st.booleans(),
+    value_clip=st.sampled_from([None, 0.2]),
+    critic=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_recorded_updates_equal_unrecorded_ones_for_drawn_batches_and_configs(
+    n_envs: int,
+    n_steps: int,
+    kind: str,
+    minibatches: int,
+    normalize: bool,
+    value_clip: float | None,
+    critic: bool,
+    seed: int,
+) -> None:
+    """Any batch shape, minibatches of unequal sizes (two layouts), advantages
+    normalised or not, value clipping on or off, a trained critic or none: bit for bit."""
+    config = PPOConfig(
+        update_epochs=2,
+        n_minibatches=min(minibatches, n_envs),
+        normalize_advantages=normalize,
+        value_clip_coef=value_clip,
+        critic_baseline=critic,
+        vf_coef=0.5 if critic else 0.0,
+        pair_size=None,  # one paired group of any size
+    )
+    batch = _rollout_batch(
+        make_policy(),
+        n_envs,
+        n_steps,
+        seed,
+        unbroken=kind == "unbroken",
+        breaks_known=kind == "broken",
+    )
+    results = []
+    for record in (False, True):
+        policy = make_policy(seed=1)
+        optimizer = make_optimizer(policy, config)
+        recorded = RecordedMinibatches(policy, config, TapeRecorder()) if record else None
+        generator = torch.Generator().manual_seed(seed)
+        stats = [
+            ppo_update(
+                policy,
+                optimizer,
+                batch,
+                config,
+                ent_coef=ent_coef,
+                generator=generator,
+                minibatch_passes=recorded,
+            )
+            for ent_coef in ENT_COEFS[:2]
+        ]
+        results.append((policy, optimizer, stats))
+    _assert_same_updates(*results)
 
 
 def test_one_recording_serves_every_update_of_a_run() -> None:
-    """Minibatches of one layout: the first runs as it is, the second warms the recorder
-    up, the third is recorded, and every later one, in every update, replays it."""
+    """Of the minibatches at each place of the epochs' shuffles (one layout a place),
+    the first runs as it is, the next is recorded (the first place's after the recorder's
+    warm-up), and every later one, in every update, replays it."""
     recorder = TapeRecorder()
     policy = make_policy(seed=1)
     recorded = RecordedMinibatches(policy, CONFIG, recorder)
     optimizer = make_optimizer(policy, CONFIG)
     batch = _batches()["unbroken"]
     for ent_coef in ENT_COEFS:
-        ppo_update(policy, optimizer, batch, CONFIG, ent_coef=ent_coef, minibatch_pass=recorded)
-    (step,) = recorded.steps
-    assert (step.unrecorded, step.recordings, step.replays) == (2, 1, 10)
-    assert len(recorder.recorded) == 1
+        ppo_update(policy, optimizer, batch, CONFIG, ent_coef=ent_coef, minibatch_passes=recorded)
+    first, second = recorded.steps
+    assert (first.unrecorded, first.recordings, first.replays) == (2, 1, 4)
+    assert (second.unrecorded, second.recordings, second.replays) == (1, 1, 5)
+    assert len(recorder.recorded) == 2
 
 
 def test_a_scaled_backward_scales_the_recorded_gradients() -> None:
@@ -148,7 +214,7 @@ def test_layouts_beyond_the_limit_let_the_least_recently_used_go(
             CONFIG,
             ent_coef=ent_coef,
             generator=torch.Generator().manual_seed(0),
-            minibatch_pass=recorded,
+            minibatch_passes=recorded,
         )
     assert len(recorded.steps) == 2
 
@@ -211,7 +277,9 @@ def test_cuda_recorded_updates_equal_unrecorded_ones() -> None:
         recorder = step_graph.recorder_for(device) if record else None
         recorded = None if recorder is None else RecordedMinibatches(policy, CONFIG, recorder)
         for ent_coef in ENT_COEFS:
-            ppo_update(policy, optimizer, batch, CONFIG, ent_coef=ent_coef, minibatch_pass=recorded)
+            ppo_update(
+                policy, optimizer, batch, CONFIG, ent_coef=ent_coef, minibatch_passes=recorded
+            )
         results.append(policy)
         if recorded is not None:
             assert recorded.steps[0].replays > 0

@@ -318,7 +318,7 @@ class PPOModule(LightningModule):
                 ent_coef=self._ent_coef(),
                 generator=self._generator,
                 backward=self.manual_backward,
-                minibatch_pass=self._minibatch_pass(policy),
+                minibatch_passes=self._minibatch_passes(policy),
             )
         if learner is not None:
             learner.push(self.policy)
@@ -340,7 +340,7 @@ class PPOModule(LightningModule):
             )
         self._hooks()("on_ppo_update_end", dict(metrics))
 
-    def _minibatch_pass(self, policy: PolicyNetwork) -> RecordedMinibatches | None:
+    def _minibatch_passes(self, policy: PolicyNetwork) -> RecordedMinibatches | None:
         """The update's minibatch passes recorded and replayed (``esper.simic.ppo_graph``),
         where ``cuda_graphs`` asks and ``policy``'s device records; None: they run as they
         are. Not under DDP (its gradient hooks are not tried with recorded gradients) nor

@@ -308,11 +308,12 @@ def total_loss(losses: PPOLosses, ent_coef: float | Tensor, config: PPOConfig) -
     return losses.policy - ent_coef * losses.entropy + config.vf_coef * losses.value
 
 
-#: What runs a minibatch's forward for :func:`ppo_update`: ``(batch, envs, ent_coef)``, the
-#: minibatch being the envs ``envs`` (long, on the CPU) of ``batch``, to its PPO terms and
-#: the loss to back-propagate (``esper.simic.ppo_graph`` records and replays it, its
-#: gathers included).
-MinibatchPass = Callable[[PPOBatch, Tensor, float], tuple[PPOLosses, Tensor]]
+#: What runs an epoch's minibatch forwards for :func:`ppo_update`: ``(batch, order,
+#: ent_coef)``, ``order`` the epoch's shuffle of the envs (long, on the CPU), to each
+#: minibatch's PPO terms and the loss to back-propagate, lazily, in order: the envs
+#: ``order`` lists, cut into ``n_minibatches`` as :meth:`PPOBatch.split_envs` cuts them
+#: (``esper.simic.ppo_graph`` records and replays each).
+MinibatchPasses = Callable[[PPOBatch, Tensor, float], Iterable[tuple[PPOLosses, Tensor]]]
 
 
 def _eager_pass(
@@ -354,15 +355,15 @@ def ppo_update(
     ent_coef: float | None = None,
     generator: torch.Generator | None = None,
     backward: Callable[[Tensor], None] | None = None,
-    minibatch_pass: MinibatchPass | None = None,
+    minibatch_passes: MinibatchPasses | None = None,
 ) -> dict[str, Tensor]:
     """Run ``config.update_epochs`` epochs of recurrent-minibatch PPO on ``batch``.
 
     ``ent_coef`` overrides ``config.ent_coef`` (for annealing). ``backward`` replaces
     ``loss.backward()``: a LightningModule passes ``manual_backward`` so that under DDP
-    every optimiser step sees gradients averaged over ranks. ``minibatch_pass`` replaces
-    the policy's forward over each minibatch and its loss (:data:`MinibatchPass`: a
-    recorded one, ``esper.simic.ppo_graph``). Returns device scalars:
+    every optimiser step sees gradients averaged over ranks. ``minibatch_passes`` replaces
+    the policy's forwards over an epoch's minibatches and their losses
+    (:data:`MinibatchPasses`: recorded ones, ``esper.simic.ppo_graph``). Returns device scalars:
     the :data:`STAT_NAMES` averaged over the minibatches run, ``epochs_run`` (fewer
     than ``update_epochs`` only after a target-KL stop) and ``explained_variance`` of the
     rollout's values against its returns. Host reads: none when
@@ -386,17 +387,14 @@ def ppo_update(
     for _ in range(config.update_epochs):
         epoch_kl = torch.zeros((), device=device)
         env_order = torch.randperm(batch.n_envs, generator=generator)
-        if minibatch_pass is None:
+        if minibatch_passes is None:
             # Shuffled once an epoch, then cut: one gather a field, not one a minibatch.
             passes: Iterable[tuple[PPOLosses, Tensor]] = (
                 _eager_pass(policy, mb, ent_coef, config)
                 for mb in batch.select_envs(env_order).split_envs(config.n_minibatches)
             )
         else:
-            passes = (
-                minibatch_pass(batch, envs, ent_coef)
-                for envs in env_order.tensor_split(config.n_minibatches)
-            )
+            passes = minibatch_passes(batch, env_order, ent_coef)
         # Lazily: each minibatch's forward runs after the step before it.
         for losses, loss in passes:
             optimizer.zero_grad(set_to_none=True)

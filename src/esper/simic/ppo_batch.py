@@ -124,11 +124,9 @@ class PPOBatch:
     def split_envs(self, parts: int) -> list[PPOBatch]:
         """``parts`` sub-batches of consecutive envs, sizes as ``Tensor.tensor_split``
         gives them, every field a view of this batch's (no copy)."""
-        size, larger = divmod(self.n_envs, parts)
-        ends = [k * size + min(k, larger) for k in range(parts + 1)]
         return [
             self._map(lambda t, a=a, b=b: t[a:b], lambda a=a, b=b: range(a, b))
-            for a, b in itertools.pairwise(ends)
+            for a, b in split_bounds(self.n_envs, parts)
         ]
 
     def select_envs(self, order: Tensor) -> PPOBatch:
@@ -144,6 +142,16 @@ class PPOBatch:
         """The ``breaks`` of :meth:`select_envs` of ``order`` (read only where some env's
         chain breaks: a CPU tensor, no device wait)."""
         return self._breaks_of(order.tolist, order.shape[0])
+
+    def select_envs_into(self, order: Tensor, out: Sequence[Tensor]) -> None:
+        """:meth:`select_envs` of ``order`` written into ``out`` (as :meth:`tensors`
+        orders them, each of the selection's shape): the same gathers, into memory that
+        stays put."""
+        if order.device.type != "cpu":
+            raise ValueError("PPOBatch.select_envs_into takes the envs' order on the CPU")
+        env_idx = order.to(self.obs.device, non_blocking=True)
+        for t, target in zip(self.tensors(), out, strict=True):
+            torch.index_select(t, 0, env_idx, out=target)
 
     def tensors(self) -> tuple[Tensor, ...]:
         """Every tensor of the batch, masks and stored states included, in the order
@@ -194,6 +202,14 @@ class PPOBatch:
         if not any(self.breaks):  # every subset is unbroken: no need to know which envs
             return ((),) * n_envs
         return tuple(self.breaks[e] for e in envs())
+
+
+def split_bounds(n_envs: int, parts: int) -> list[tuple[int, int]]:
+    """``(start, end)`` of each of ``parts`` runs of consecutive envs of ``n_envs``, sizes
+    as ``Tensor.tensor_split`` gives them: :meth:`PPOBatch.split_envs`' minibatches."""
+    size, larger = divmod(n_envs, parts)
+    ends = [k * size + min(k, larger) for k in range(parts + 1)]
+    return list(itertools.pairwise(ends))
 
 
 #: The fields that are one tensor each (``masks`` and ``hidden`` hold several, ``breaks``

@@ -5,20 +5,21 @@ a few hundred small operators (the encoder, the fused LSTM, four masked heads, t
 and their backward), every one a launch that a GPU's launching thread pays for while the
 GPU waits: on an H100 a CUDA fit's PPO phase took 0.33-0.43 s an update at 16 envs (main
 at 65f9830), 4 935 operators an update of the 14 447 a whole update launched at 56c086e
-(benchmarks/README.md, "Stacked steps recorded as CUDA graphs"). Every minibatch of a run
-has the same layout (the rollout's steps, the envs a minibatch takes), so one recording
-serves every update: its first minibatch runs as it is, the next is recorded (after the
-device's recorder warms up, once a process: ``esper.tolaria.step_graph``), the rest
-replay.
+(benchmarks/README.md, "Stacked steps recorded as CUDA graphs"). Every update of a run
+cuts its minibatches alike (the rollout's steps, the same count of envs at each place of
+an epoch's shuffle), so one recording a place serves every update: its first minibatch
+runs as it is, the next is recorded (after the device's recorder warms up, once a
+process: ``esper.tolaria.step_graph``), the rest replay.
 
 What is recorded: the minibatch's forward, its losses and its gradients
-(``torch.autograd.grad``), into the graph's tensors. What is not: the backward pass the
-caller runs (Lightning's ``manual_backward``, with its hooks and a precision plugin's
-loss scaling), which hands the recorded gradients to the parameters
+(``torch.autograd.grad``), into the graph's tensors; the epoch's shuffle is gathered
+before, as the eager update gathers it, into tensors the recordings read. What is not:
+the backward pass the caller runs (Lightning's ``manual_backward``, with its hooks and a
+precision plugin's loss scaling), which hands the recorded gradients to the parameters
 (:class:`_RecordedGradients`, scaled by the gradient it receives: 1 unscaled), and the
 gradient clipping and optimizer step, which stay eager (a fused Adam step is a few
-kernels; Lightning counts optimizer steps and calls its hooks around each). So no hook is
-skipped and the optimizer needs no ``capturable`` state; only a hook that walks the
+kernels; Lightning counts optimizer steps and calls its hooks around each). So no hook
+is skipped and the optimizer needs no ``capturable`` state; only a hook that walks the
 loss's autograd graph finds one node where the eager loss has many.
 
 A recording reads the policy's parameters where they are: the optimizer steps them in
@@ -26,26 +27,27 @@ place and a checkpoint's load copies into them, so it stays valid for the run. T
 learning-rate schedule is the optimizer's (outside the graph); the entropy weight, which
 anneals, is read from a device scalar that each call fills when it changes.
 
-Layouts: a minibatch's count of envs and its ``breaks`` (where an env's chain of LSTM
-states breaks, which decides the replay's segments), the batch's shapes being a run's.
-Minibatches of unbroken episodes share one layout; a governor restore gives the envs it
-touched breaks of their own, so a minibatch holding one of them has a layout of its own,
-which with many envs seldom comes again and then runs as it is. Each layout gets its own
-recording, :data:`MAX_LAYOUTS` at most (the least recently used is let go).
+Layouts: a minibatch's place in the epoch's shuffle and its ``breaks`` (where an env's
+chain of LSTM states breaks, which decides the replay's segments), the batch's shapes
+being a run's. Minibatches of unbroken episodes share their place's layout; a governor
+restore gives the envs it touched breaks of their own, so a minibatch holding one of them
+has a layout of its own, which with many envs seldom comes again and then runs as it is.
+Each layout gets its own recording, :data:`MAX_LAYOUTS` at most (the least recently used
+is let go).
 """
 
 from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from esper.simic.ppo import PPOConfig, PPOLosses, minibatch_losses, total_loss
-from esper.simic.ppo_batch import PPOBatch
+from esper.simic.ppo_batch import PPOBatch, split_bounds
 from esper.tamiyo.policy import PolicyNetwork
 from esper.tolaria.step_graph import GraphedStep, Recorder
 
@@ -86,14 +88,16 @@ class _RecordedGradients(torch.autograd.Function):
 
 
 class RecordedMinibatches:
-    """:data:`~esper.simic.ppo.MinibatchPass` of ``policy``, recorded per layout by
-    ``recorder`` and replayed: ``ppo_update(..., minibatch_pass=this)``.
+    """:data:`~esper.simic.ppo.MinibatchPasses` of ``policy``, recorded per layout by
+    ``recorder`` and replayed: ``ppo_update(..., minibatch_passes=this)``.
 
-    Each update's batch is copied once into tensors the recordings read (an update's
-    first call); a minibatch's call copies its env indices, and the recording gathers
-    the minibatch's rows itself, as ``PPOBatch.select_envs`` would. Results equal the
-    eager pass's: the same kernels on the same values (tested on a CPU recorder that
-    holds a step to a CUDA graph's rules, ``tests/tolaria/op_tape.py``).
+    Each epoch's shuffle of the batch is gathered, as the eager update gathers it, into
+    tensors that stay put (``PPOBatch.select_envs_into``), and each minibatch's recording
+    reads its envs' slice of them: the eager update's kernels on its values at its
+    offsets from the start of an allocation, so its results bit for bit (tested on a CPU
+    recorder that holds a step to a CUDA graph's rules, ``tests/tolaria/op_tape.py``).
+    A recording that gathered its own rows into fresh memory differed in the last bit
+    where a BLAS kernel's path depends on a view's alignment (one-env minibatches).
     """
 
     def __init__(self, policy: PolicyNetwork, config: PPOConfig, recorder: Recorder) -> None:
@@ -103,13 +107,12 @@ class RecordedMinibatches:
         self._params = tuple(p for p in policy.parameters() if p.requires_grad)
         if not self._params:
             raise ValueError("RecordedMinibatches: the policy has no trainable parameter")
-        self._device = self._params[0].device
+        device = self._params[0].device
         #: The entropy weight the recorded steps read; filled when it changes.
-        self._ent_coef = torch.zeros((), dtype=self._params[0].dtype, device=self._device)
+        self._ent_coef = torch.zeros((), dtype=self._params[0].dtype, device=device)
         self._ent_coef_value: float | None = None
-        #: The batch the recordings read (an update's, copied at its first call).
-        self._batch: tuple[Tensor, ...] = ()
-        self._batch_of: PPOBatch | None = None
+        #: The epoch's shuffled batch, which the recordings read.
+        self._shuffled: tuple[Tensor, ...] = ()
         self._layout: list[tuple[torch.Size, tuple[int, ...], torch.dtype, torch.device]] = []
         self._steps: OrderedDict[Hashable, GraphedStep[_StepOutputs]] = OrderedDict()
 
@@ -118,45 +121,51 @@ class RecordedMinibatches:
         """The layouts' recorded steps, least recently used first (for tests and benchmarks)."""
         return list(self._steps.values())
 
-    def __call__(self, batch: PPOBatch, envs: Tensor, ent_coef: float) -> tuple[PPOLosses, Tensor]:
+    def __call__(
+        self, batch: PPOBatch, order: Tensor, ent_coef: float
+    ) -> Iterator[tuple[PPOLosses, Tensor]]:
         if ent_coef != self._ent_coef_value:
             self._ent_coef.fill_(ent_coef)
             self._ent_coef_value = ent_coef
-        if batch is not self._batch_of:
-            self._take(batch)
-        breaks = batch.breaks_of(envs)
-        key = (envs.shape[0], breaks)
+        self._shuffle(batch, order)
+        breaks = batch.breaks_of(order)
+        for a, b in split_bounds(order.shape[0], self.config.n_minibatches):
+            mb_breaks = None if breaks is None else breaks[a:b]
+            yield self._replayed((a, b), mb_breaks)
+
+    def _shuffle(self, batch: PPOBatch, order: Tensor) -> None:
+        """Gather the envs of ``order`` into the tensors the recordings read; where the
+        batch's layout differs from the last one's (a run's batches share one), new
+        tensors, and the recordings go."""
+        tensors = batch.tensors()
+        layout = [(t.shape, t.stride(), t.dtype, t.device) for t in tensors]
+        if layout != self._layout:
+            self._shuffled, self._layout = tuple(torch.empty_like(t) for t in tensors), layout
+            self._steps.clear()
+        batch.select_envs_into(order, self._shuffled)
+
+    def _replayed(self, envs: tuple[int, int], breaks: Breaks) -> tuple[PPOLosses, Tensor]:
+        """The minibatch of the shuffled envs ``envs`` (start, end), recorded or replayed."""
+        key = (envs, breaks)
         step = self._steps.get(key)
         if step is None:
             if len(self._steps) >= MAX_LAYOUTS:
                 self._steps.popitem(last=False)
-            step = GraphedStep(self._step_of(breaks), self._recorder, _warn_unrecorded)
+            step = GraphedStep(self._step_of(envs, breaks), self._recorder, _warn_unrecorded)
             self._steps[key] = step
         else:
             self._steps.move_to_end(key)
-        _, outputs = step(envs.to(self._device, non_blocking=True))
+        (outputs,) = step()
         loss = _RecordedGradients.apply(outputs.loss, outputs.grads, *self._params)
         return outputs.losses, loss
 
-    def _take(self, batch: PPOBatch) -> None:
-        """Copy ``batch`` into the tensors the recordings read; where its layout differs
-        from theirs (a run's batches share one), new tensors, and the recordings go."""
-        tensors = batch.tensors()
-        layout = [(t.shape, t.stride(), t.dtype, t.device) for t in tensors]
-        if layout != self._layout:
-            self._batch, self._layout = tuple(torch.empty_like(t) for t in tensors), layout
-            self._steps.clear()
-        for static, t in zip(self._batch, tensors, strict=True):
-            static.copy_(t, non_blocking=True)
-        self._batch_of = batch
-
-    def _step_of(self, breaks: Breaks) -> Callable[[Tensor], _StepOutputs]:
-        """The device work of a minibatch of ``breaks``: the gather of its envs' rows,
+    def _step_of(self, envs: tuple[int, int], breaks: Breaks) -> Callable[[], _StepOutputs]:
+        """The device work of the minibatch of shuffled envs ``envs`` and ``breaks``:
         forward, losses, gradients; nothing read on the host."""
+        a, b = envs
 
-        def step(envs: Tensor) -> _StepOutputs:
-            rows = [t.index_select(0, envs) for t in self._batch]
-            mb = PPOBatch.from_tensors(rows, breaks)
+        def step() -> _StepOutputs:
+            mb = PPOBatch.from_tensors([t[a:b] for t in self._shuffled], breaks)
             with torch.enable_grad():
                 losses = minibatch_losses(self.policy, mb, self.config)
                 loss = total_loss(losses, self._ent_coef, self.config)
