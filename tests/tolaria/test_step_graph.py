@@ -132,6 +132,28 @@ def test_an_expanded_input_is_recorded_expanded() -> None:
     assert graphed.replays == 2
 
 
+def test_an_input_off_alignment_is_recorded_as_far_off() -> None:
+    """An env's share is a view of the batch at an offset, which need not fall on a
+    64-byte boundary (vectors of 6 floats: 24 bytes a row), and a CPU's addmm rounds a
+    misaligned input otherwise (found in the PPO update's minibatches): the recorded
+    input sits as far off alignment as the tensor it was made from, so a replay equals
+    the unrecorded call bit for bit."""
+    g = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(32, 6, generator=g), torch.randn(32, generator=g)
+
+    def linear(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(bias, x, weight.t())
+
+    graphed = GraphedStep(linear, TapeRecorder())
+    for k in range(4):
+        rows = torch.randn(64, generator=g)[2:20].view(3, 6)  # 8 bytes off alignment
+        assert rows.data_ptr() % 64 != 0
+        read_x, _, out = graphed(rows, torch.zeros(3))
+        assert torch.equal(out, linear(rows, rows)), k
+        assert read_x.data_ptr() % 64 == rows.data_ptr() % 64, k
+    assert graphed.replays == 2
+
+
 def test_a_recording_that_fails_is_reported_and_the_group_epoch_runs_unrecorded() -> None:
     """A host read in the step (a plugin's, say) cannot be recorded: the failure is
     handed on, the call and every later one run as they are (on that device, for the

@@ -149,20 +149,44 @@ def _layout(t: Tensor) -> _Layout:
     return _Layout(t.shape, t.stride(), t.dtype, t.device)
 
 
+#: Bytes of alignment a recorded input keeps from the tensor it was made from: the CUDA
+#: caching allocator's block alignment (a CPU's allocations are 64-byte aligned).
+INPUT_ALIGNMENT = 512
+
+
 class _StaticInput:
     """Where a recorded step reads one input: ``view`` has the layout of the tensor it
     was made from (an expanded leading dimension stays expanded, so the recorded kernels
-    are those a call of that tensor runs), ``target`` is what each call copies into."""
+    are those a call of that tensor runs), ``target`` is what each call copies into.
+
+    ``target`` also sits as far off an :data:`INPUT_ALIGNMENT`-byte boundary as that
+    tensor: an env's share is a view of the batch at an offset, and a kernel may round a
+    misaligned input otherwise (a CPU's addmm does, on rows of 6 floats 8 bytes off), so
+    an aligned copy would not give the unrecorded call's bits."""
 
     def __init__(self, like: Tensor) -> None:
         self.expanded = like.dim() > 0 and like.shape[0] > 1 and like.stride(0) == 0
         source = like[0] if self.expanded else like
-        # Same strides where ``source`` is dense (``preserve_format``).
-        self.target = torch.empty_like(source)
+        self.target = _placed_like(source)
         self.view = self.target.expand(like.shape) if self.expanded else self.target
 
     def fill(self, t: Tensor) -> None:
         self.target.copy_(t[0] if self.expanded else t, non_blocking=True)
+
+
+def _placed_like(source: Tensor) -> Tensor:
+    """An empty tensor of ``source``'s shape and strides where it is dense (else
+    contiguous, as ``empty_like``), starting as far off an :data:`INPUT_ALIGNMENT`-byte
+    boundary as ``source`` does."""
+    dense = torch.empty_like(source)  # preserve_format: the strides to keep
+    size = source.element_size()
+    off = source.data_ptr() % INPUT_ALIGNMENT
+    if off == 0 or off % size or source.numel() == 0:
+        return dense
+    extent = 1 + sum((n - 1) * st for n, st in zip(dense.shape, dense.stride(), strict=True))
+    room = torch.empty(extent + INPUT_ALIGNMENT // size, dtype=source.dtype, device=source.device)
+    shift = (off - room.data_ptr() % INPUT_ALIGNMENT) % INPUT_ALIGNMENT // size
+    return room.as_strided(dense.shape, dense.stride(), shift)
 
 
 class GraphedStep(Generic[Out]):
