@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -43,43 +44,51 @@ def _batches() -> dict[str, PPOBatch]:
     }
 
 
+class Updated(NamedTuple):
+    policy: PolicyNetwork
+    optimizer: torch.optim.Optimizer
+    stats: list[dict[str, torch.Tensor]]
+    recorded: RecordedMinibatches | None
+
+
 def _updates(
     batch: PPOBatch,
     recorder: TapeRecorder | None,
     backward: Callable[[torch.Tensor], None] | None = None,
-) -> tuple[PolicyNetwork, torch.optim.Optimizer, list[dict[str, torch.Tensor]]]:
-    """Three updates of a fresh policy on ``batch``, recorded by ``recorder`` or not."""
+    config: PPOConfig = CONFIG,
+    ent_coefs: tuple[float, ...] = ENT_COEFS,
+    seed: int = 3,
+) -> Updated:
+    """Updates of a fresh policy on ``batch``, one an entropy weight, recorded by
+    ``recorder`` or not."""
     policy = make_policy(seed=1)
-    optimizer = make_optimizer(policy, CONFIG)
-    recorded = None if recorder is None else RecordedMinibatches(policy, CONFIG, recorder)
-    generator = torch.Generator().manual_seed(3)
+    optimizer = make_optimizer(policy, config)
+    recorded = None if recorder is None else RecordedMinibatches(policy, config, recorder)
+    generator = torch.Generator().manual_seed(seed)
     stats = [
         ppo_update(
             policy,
             optimizer,
             batch,
-            CONFIG,
+            config,
             ent_coef=ent_coef,
             generator=generator,
             backward=backward,
             minibatch_passes=recorded,
         )
-        for ent_coef in ENT_COEFS
+        for ent_coef in ent_coefs
     ]
-    return policy, optimizer, stats
+    return Updated(policy, optimizer, stats, recorded)
 
 
-def _assert_same_updates(
-    a: tuple[PolicyNetwork, torch.optim.Optimizer, list[dict[str, torch.Tensor]]],
-    b: tuple[PolicyNetwork, torch.optim.Optimizer, list[dict[str, torch.Tensor]]],
-) -> None:
-    (policy_a, optim_a, stats_a), (policy_b, optim_b, stats_b) = a, b
-    for name, value in policy_a.state_dict().items():
-        assert torch.equal(value, policy_b.state_dict()[name]), name
-    for p_a, p_b in zip(policy_a.parameters(), policy_b.parameters(), strict=True):
-        for key, value in optim_a.state[p_a].items():
-            assert torch.equal(value, optim_b.state[p_b][key]), key
-    for update_a, update_b in zip(stats_a, stats_b, strict=True):
+def _assert_same_updates(a: Updated, b: Updated) -> None:
+    """Weights, Adam's state and every statistic of every update, bit for bit."""
+    for name, value in a.policy.state_dict().items():
+        assert torch.equal(value, b.policy.state_dict()[name]), name
+    for p_a, p_b in zip(a.policy.parameters(), b.policy.parameters(), strict=True):
+        for key, value in a.optimizer.state[p_a].items():
+            assert torch.equal(value, b.optimizer.state[p_b][key]), key
+    for update_a, update_b in zip(a.stats, b.stats, strict=True):
         for name, value in update_a.items():
             assert torch.equal(value, update_b[name]), name
 
@@ -137,26 +146,12 @@ def test_recorded_updates_equal_unrecorded_ones_for_drawn_batches_and_configs(
         unbroken=kind == "unbroken",
         breaks_known=kind == "broken",
     )
-    results = []
-    for record in (False, True):
-        policy = make_policy(seed=1)
-        optimizer = make_optimizer(policy, config)
-        recorded = RecordedMinibatches(policy, config, TapeRecorder()) if record else None
-        generator = torch.Generator().manual_seed(seed)
-        stats = [
-            ppo_update(
-                policy,
-                optimizer,
-                batch,
-                config,
-                ent_coef=ent_coef,
-                generator=generator,
-                minibatch_passes=recorded,
-            )
-            for ent_coef in ENT_COEFS[:2]
-        ]
-        results.append((policy, optimizer, stats))
-    _assert_same_updates(*results)
+    _assert_same_updates(
+        *(
+            _updates(batch, r, config=config, ent_coefs=ENT_COEFS[:2], seed=seed)
+            for r in (None, TapeRecorder())
+        )
+    )
 
 
 def test_one_recording_serves_every_update_of_a_run() -> None:
@@ -164,12 +159,8 @@ def test_one_recording_serves_every_update_of_a_run() -> None:
     the first runs as it is, the next is recorded (the first place's after the recorder's
     warm-up), and every later one, in every update, replays it."""
     recorder = TapeRecorder()
-    policy = make_policy(seed=1)
-    recorded = RecordedMinibatches(policy, CONFIG, recorder)
-    optimizer = make_optimizer(policy, CONFIG)
-    batch = _batches()["unbroken"]
-    for ent_coef in ENT_COEFS:
-        ppo_update(policy, optimizer, batch, CONFIG, ent_coef=ent_coef, minibatch_passes=recorded)
+    recorded = _updates(_batches()["unbroken"], recorder).recorded
+    assert recorded is not None
     first, second = recorded.steps
     assert (first.unrecorded, first.recordings, first.replays) == (2, 1, 4)
     assert (second.unrecorded, second.recordings, second.replays) == (1, 1, 5)
@@ -203,20 +194,9 @@ def test_layouts_beyond_the_limit_let_the_least_recently_used_go(
     entry, and no more than ``MAX_LAYOUTS`` are kept; results stay the eager ones."""
     monkeypatch.setattr(ppo_graph, "MAX_LAYOUTS", 2)
     batch = _batches()["broken"]
-    policy = make_policy(seed=1)
-    recorded = RecordedMinibatches(policy, CONFIG, TapeRecorder())
-    optimizer = make_optimizer(policy, CONFIG)
-    for ent_coef in ENT_COEFS:
-        ppo_update(
-            policy,
-            optimizer,
-            batch,
-            CONFIG,
-            ent_coef=ent_coef,
-            generator=torch.Generator().manual_seed(0),
-            minibatch_passes=recorded,
-        )
-    assert len(recorded.steps) == 2
+    updated = _updates(batch, TapeRecorder())
+    assert updated.recorded is not None and len(updated.recorded.steps) == 2
+    _assert_same_updates(_updates(batch, None), updated)
 
 
 def test_a_step_that_cannot_be_recorded_warns_and_the_update_runs_as_it_is(
