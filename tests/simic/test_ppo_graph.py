@@ -154,11 +154,14 @@ def test_recorded_updates_equal_unrecorded_ones_for_drawn_batches_and_configs(
     )
 
 
-def test_one_recording_serves_every_update_of_a_run() -> None:
+@pytest.mark.parametrize("warmed", [False, True])
+def test_one_recording_serves_every_update_of_a_run(warmed: bool) -> None:
     """Of the minibatches at each place of the epochs' shuffles (one layout a place),
-    the first runs as it is, the next is recorded (the first place's after the recorder's
-    warm-up), and every later one, in every update, replays it."""
+    the first runs as it is, the next is recorded (the first place's after a warm-up on
+    the recorder's stream, also where host steps warmed it up already), and every later
+    one, in every update, replays it."""
     recorder = TapeRecorder()
+    recorder.warmed = warmed
     recorded = _updates(_batches()["unbroken"], recorder).recorded
     assert recorded is not None
     first, second = recorded.steps

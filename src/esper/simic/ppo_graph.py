@@ -8,8 +8,8 @@ at 65f9830), 4 935 operators an update of the 14 447 a whole update launched at 
 (benchmarks/README.md, "Stacked steps recorded as CUDA graphs"). Every update of a run
 cuts its minibatches alike (the rollout's steps, the same count of envs at each place of
 an epoch's shuffle), so one recording a place serves every update: its first minibatch
-runs as it is, the next is recorded (after the device's recorder warms up, once a
-process: ``esper.tolaria.step_graph``), the rest replay.
+runs as it is, the next is recorded (the first recording after a warm-up on the
+recorder's stream, once a run: :class:`_OwnWarmUp`), the rest replay.
 
 What is recorded: the minibatch's forward, its losses and its gradients
 (``torch.autograd.grad``), into the graph's tensors; the epoch's shuffle is gathered
@@ -87,6 +87,33 @@ class _RecordedGradients(torch.autograd.Function):
         return (None, None, *(None if g is None else next(scaled) for g in ctx.grads))
 
 
+class _OwnWarmUp:
+    """``recorder`` with a warm-up of its own: the PPO pass's first recording is preceded
+    by one eager pass on the recorder's stream even where host steps warmed the stream
+    up already, since lazy set-ups of the policy's kernels (a cuDNN RNN's, cuBLAS's on
+    that stream) belong outside a capture (torch's CUDA-graph notes). One eager
+    minibatch a run; a recording's failure is still the device's (``refused``)."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+        self.warmed = False
+
+    @property
+    def refused(self) -> BaseException | None:
+        return self._recorder.refused
+
+    @refused.setter
+    def refused(self, error: BaseException | None) -> None:
+        self._recorder.refused = error
+
+    def warm_up(self, step: Callable[[], None]) -> None:
+        self._recorder.warm_up(step)
+        self.warmed = True
+
+    def record(self, step: Callable[[], None]) -> Callable[[], None]:
+        return self._recorder.record(step)
+
+
 class RecordedMinibatches:
     """:data:`~esper.simic.ppo.MinibatchPasses` of ``policy``, recorded per layout by
     ``recorder`` and replayed: ``ppo_update(..., minibatch_passes=this)``.
@@ -103,7 +130,7 @@ class RecordedMinibatches:
     def __init__(self, policy: PolicyNetwork, config: PPOConfig, recorder: Recorder) -> None:
         self.policy = policy
         self.config = config
-        self._recorder = recorder
+        self._recorder = _OwnWarmUp(recorder)
         self._params = tuple(p for p in policy.parameters() if p.requires_grad)
         if not self._params:
             raise ValueError("RecordedMinibatches: the policy has no trainable parameter")
