@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+import lightning as L
 import pytest
 import torch
 from hypothesis import given, settings
@@ -20,14 +21,17 @@ from hypothesis import strategies as st
 
 from esper.host_reads import HostReadCounter
 from esper.simic import ppo_graph
+from esper.simic.module import PPOModule
 from esper.simic.ppo import PPOBatch, PPOConfig, make_optimizer, ppo_update
 from esper.simic.ppo_graph import RecordedMinibatches
 from esper.tamiyo.policy import PolicyNetwork
 from esper.tolaria import step_graph
+from tests.mdp.envs import small_data
 from tests.simic.recorded_fit import recorded_fit
 from tests.simic.test_ppo import _rollout_batch
 from tests.tamiyo.factories import make_policy
 from tests.tolaria.op_tape import TapeRecorder
+from tests.trainers import quiet_trainer
 
 #: Three updates whose entropy weight anneals, as ``ent_coef_final`` makes it.
 ENT_COEFS = (0.01, 0.004, 0.0)
@@ -242,6 +246,24 @@ def test_a_fit_that_records_resumes_as_an_unbroken_fit_without_graphs(
     assert first_returns + resumed_returns == plain_returns
     for name, value in plain.state_dict().items():
         assert torch.equal(value, resumed.state_dict()[name]), name
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_a_fit_records_its_update_only_outside_autocast(
+    tmp_path: Path, taped: list[TapeRecorder], precision: str
+) -> None:
+    """Lightning runs a mixed-precision module's training step under autocast, whose cache
+    of cast weights a recording cannot hold: there the update runs as it is."""
+    L.seed_everything(0, verbose=False)
+    module = PPOModule(
+        n_envs=2, episode_epochs=3, host_kwargs={"channels": [4, 8]}, cuda_graphs=True
+    )
+    trainer = quiet_trainer(tmp_path, 1, accelerator="cpu", precision=precision)
+    trainer.fit(module, datamodule=small_data())
+    if precision == "32-true":
+        assert module._recorded is not None and module._recorded.steps[0].replays > 0
+    else:
+        assert module._recorded is None
 
 
 # ------------------------------------------------------------------------------ CUDA
