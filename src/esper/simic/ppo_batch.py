@@ -133,9 +133,7 @@ class PPOBatch:
         """The sub-batch of envs ``order`` (long, on the CPU), sequences whole, with their
         stored states and restart flags. Where some env's chain of states breaks, its
         ``breaks`` are picked host-side: ``order`` is read, a CPU tensor (no device wait)."""
-        if order.device.type != "cpu":
-            raise ValueError("PPOBatch.select_envs takes the envs' order on the CPU")
-        env_idx = order.to(self.obs.device, non_blocking=True)
+        env_idx = self._env_index(order)
         return self._map(lambda t: t.index_select(0, env_idx), order.tolist)
 
     def breaks_of(self, order: Tensor) -> tuple[tuple[int, ...], ...] | None:
@@ -147,11 +145,15 @@ class PPOBatch:
         """:meth:`select_envs` of ``order`` written into ``out`` (as :meth:`tensors`
         orders them, each of the selection's shape): the same gathers, into memory that
         stays put."""
-        if order.device.type != "cpu":
-            raise ValueError("PPOBatch.select_envs_into takes the envs' order on the CPU")
-        env_idx = order.to(self.obs.device, non_blocking=True)
+        env_idx = self._env_index(order)
         for t, target in zip(self.tensors(), out, strict=True):
             torch.index_select(t, 0, env_idx, out=target)
+
+    def _env_index(self, order: Tensor) -> Tensor:
+        """``order`` (on the CPU: its breaks are read host-side) on the batch's device."""
+        if order.device.type != "cpu":
+            raise ValueError("PPOBatch.select_envs takes the envs' order on the CPU")
+        return order.to(self.obs.device, non_blocking=True)
 
     def tensors(self) -> tuple[Tensor, ...]:
         """Every tensor of the batch, masks and stored states included, in the order

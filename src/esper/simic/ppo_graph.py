@@ -49,7 +49,7 @@ from torch import Tensor
 from esper.simic.ppo import PPOConfig, PPOLosses, minibatch_losses, total_loss
 from esper.simic.ppo_batch import PPOBatch, split_bounds
 from esper.tamiyo.policy import PolicyNetwork
-from esper.tolaria.step_graph import GraphedStep, Recorder
+from esper.tolaria.step_graph import GraphedStep, Layout, Recorder, tensor_layout
 
 #: Layouts of a minibatch kept recorded at once. Unbroken minibatches are one layout;
 #: those broken by governor restores are others, most seen once (they then hold no graph).
@@ -123,8 +123,9 @@ class RecordedMinibatches:
     reads its envs' slice of them: the eager update's kernels on its values at its
     offsets from the start of an allocation, so its results bit for bit (tested on a CPU
     recorder that holds a step to a CUDA graph's rules, ``tests/tolaria/op_tape.py``).
-    A recording that gathered its own rows into fresh memory differed in the last bit
-    where a BLAS kernel's path depends on a view's alignment (one-env minibatches).
+    A recording that gathered its own rows into fresh memory differed in the last bit for
+    one-env minibatches: the encoder's ``addmm`` rounds an input 8 bytes off a 64-byte
+    boundary otherwise (``esper.tolaria.step_graph._placed_like``).
     """
 
     def __init__(self, policy: PolicyNetwork, config: PPOConfig, recorder: Recorder) -> None:
@@ -140,7 +141,7 @@ class RecordedMinibatches:
         self._ent_coef_value: float | None = None
         #: The epoch's shuffled batch, which the recordings read.
         self._shuffled: tuple[Tensor, ...] = ()
-        self._layout: list[tuple[torch.Size, tuple[int, ...], torch.dtype, torch.device]] = []
+        self._layout: list[Layout] = []
         self._steps: OrderedDict[Hashable, GraphedStep[_StepOutputs]] = OrderedDict()
 
     @property
@@ -165,7 +166,7 @@ class RecordedMinibatches:
         batch's layout differs from the last one's (a run's batches share one), new
         tensors, and the recordings go."""
         tensors = batch.tensors()
-        layout = [(t.shape, t.stride(), t.dtype, t.device) for t in tensors]
+        layout = [tensor_layout(t) for t in tensors]
         if layout != self._layout:
             self._shuffled, self._layout = tuple(torch.empty_like(t) for t in tensors), layout
             self._steps.clear()

@@ -138,15 +138,18 @@ def recorder_for(device: torch.device) -> Recorder | None:
     return _made[key]
 
 
-class _Layout(NamedTuple):
+class Layout(NamedTuple):
+    """What a recording depends on of a tensor: where it differs, a recording of one
+    does not read the other."""
+
     shape: torch.Size
     stride: tuple[int, ...]
     dtype: torch.dtype
     device: torch.device
 
 
-def _layout(t: Tensor) -> _Layout:
-    return _Layout(t.shape, t.stride(), t.dtype, t.device)
+def tensor_layout(t: Tensor) -> Layout:
+    return Layout(t.shape, t.stride(), t.dtype, t.device)
 
 
 #: Bytes of alignment a recorded input keeps from the tensor it was made from: the CUDA
@@ -211,7 +214,7 @@ class GraphedStep(Generic[Out]):
         self._step = step
         self._recorder = recorder
         self._on_failure = on_failure or _warn_unrecorded
-        self._layout: tuple[_Layout, ...] | None = None
+        self._layout: tuple[Layout, ...] | None = None
         self._calls = 0
         self._inputs: tuple[_StaticInput, ...] | None = None
         self._replay: Callable[[], None] | None = None
@@ -223,7 +226,7 @@ class GraphedStep(Generic[Out]):
         self.unrecorded = 0
 
     def __call__(self, *inputs: Tensor) -> tuple[Any, ...]:
-        layout = tuple(_layout(t) for t in inputs)
+        layout = tuple(tensor_layout(t) for t in inputs)
         if self._replay is not None and layout == self._layout:
             assert self._inputs is not None
             for static, t in zip(self._inputs, inputs, strict=True):
