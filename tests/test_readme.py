@@ -68,6 +68,7 @@ def readme_commands(text: str) -> list[str]:
                     commands.append(shlex.join(part))
                 part = []
     for span in re.findall(r"`(esper [^`]+)`", text):
+        span = " ".join(span.split())  # a span wrapped across lines is the same command
         words = span.split()
         runnable = len(words) > 2 or words[1] in NEEDS_NO_ARGUMENTS
         if runnable and not PLACEHOLDER.search(span):
@@ -141,3 +142,10 @@ def test_every_file_the_layout_names_exists() -> None:
     relative = re.findall(r"`((?:simic|tolaria|kasmina|callbacks)/[^`]+\.py)`", layout)
     for path in relative:
         assert (root / "src" / "esper" / path).exists(), f"README's layout names {path}"
+
+
+def test_a_command_wrapped_across_lines_is_read_once() -> None:
+    """Markdown wraps long inline code; the wrapped span is the same command, not another
+    one to run (it was run twice, 12 s of the suite)."""
+    text = "Run `esper evaluate --ckpt last --episodes 4` or, wrapped, `esper evaluate\n--ckpt last --episodes 4`."
+    assert readme_commands(text) == ["esper evaluate --ckpt last --episodes 4"]
