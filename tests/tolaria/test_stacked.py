@@ -1029,6 +1029,32 @@ def test_a_group_out_of_memory_after_its_forward_retrains_the_batch_as_if_never_
     assert calls["n"] == 4 + 1 + 1  # group 2: 4 batches; group 1: 1 done, 1 failed
 
 
+def test_a_parameter_that_never_learns_comes_back_without_a_momentum_buffer() -> None:
+    """Stacking gives every parameter a momentum buffer, zeros where no member has one (so
+    that a group's first step makes nothing and may be recorded: ``esper.tolaria.step_graph``),
+    while an env's own step makes one with a parameter's first gradient: a parameter that
+    gets none (frozen here) must come back without one, as from the per-env path, or
+    every checkpoint would gain an entry. Those that learned come back with theirs."""
+
+    def frozen_first() -> list[GrowingHost]:
+        envs = cnn_envs()[:4]
+        for env in envs:
+            next(env.model.parameters()).requires_grad_(False)
+        return envs
+
+    _, stacked = run_both(frozen_first, image_loaders(), epochs=1)  # states compared there
+    for env in stacked:
+        first, *others = env.model.parameters()
+        buffers = {
+            p: opt.state.get(p, {}).get(MOMENTUM_BUFFER)
+            for opt in env.optimizers()
+            for p in opt.state
+        }
+        assert first not in buffers
+        assert all(buffers.get(p) is not None for p in others if p.requires_grad and p in buffers)
+        assert len(buffers) > 0
+
+
 def test_write_back_puts_the_trained_tensors_and_sums_into_each_env() -> None:
     envs = cnn_envs()[2:4]  # a seed in TRAINING: both passes, seed flags
     for env in envs:

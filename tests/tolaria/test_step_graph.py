@@ -38,11 +38,16 @@ from tests.tolaria.test_stacked import (
 )
 
 
-def replays_per_group_epoch(recorder: TapeRecorder, batches: int) -> None:
-    """Every group epoch (one recording each) replays all its batches but the first, the
-    first one on the device one fewer: its recorder warmed up first."""
+def replays_per_group_epoch(recorder: TapeRecorder, batches: int, epochs: int = 2) -> None:
+    """Every group epoch (one recording each) of the first epoch replays all its batches
+    but the first, the first one on the device one fewer: its recorder warmed up first.
+    A later epoch's groups, whose steps' shapes ran in the first (nothing changed in
+    between), are recorded at their first batch and replay every batch."""
     assert recorder.warmed and recorder.recorded
-    assert recorder.replays == (batches - 1) * len(recorder.recorded) - 1
+    per_epoch, left = divmod(len(recorder.recorded), epochs)
+    assert left == 0, recorder.recorded
+    first = (batches - 1) * per_epoch - 1
+    assert recorder.replays == first + batches * per_epoch * (epochs - 1)
 
 
 # ---------------------------------------------------------------- GraphedStep alone
@@ -90,6 +95,59 @@ def test_a_layout_runs_once_as_it_is_then_is_recorded_and_replayed(warmed: bool)
     static = read[unrecorded][0]
     assert all(r[0] is static for r in read[unrecorded:])  # recorded input, refilled each call
     assert torch.equal(static, data[-1][0])
+
+
+def test_a_step_whose_shapes_ran_before_is_recorded_at_its_first_call() -> None:
+    """A step that makes nothing at its first call names its ``shapes``: once a step of
+    those shapes and that layout ran as it is on the device, the next such step (the
+    group's next epoch) is recorded at its first call; other shapes, another layout or
+    another device's recorder run their first call as they are."""
+    recorder = TapeRecorder()
+    recorder.warmed = True
+    data = batches(3)
+
+    def run(
+        shapes: object, rec: TapeRecorder = recorder, shape: tuple[int, ...] = (2, 3)
+    ) -> GraphedStep:
+        graphed = GraphedStep(Calls(), rec, shapes=shapes)
+        for x, y in batches(3, shape):
+            graphed(x, y)
+        return graphed
+
+    first, again = run("group A"), run("group A")
+    assert (first.unrecorded, first.recordings, first.replays) == (1, 1, 2)
+    assert (again.unrecorded, again.recordings, again.replays) == (0, 1, 3)
+    assert run("group B").unrecorded == 1  # shapes not run before
+    assert run("group A", shape=(4, 3)).unrecorded == 1  # another layout
+    other = TapeRecorder()
+    other.warmed = True
+    assert run("group A", rec=other).unrecorded == 1  # another device
+    assert run(None).unrecorded == run(None).unrecorded == 1  # no shapes: always one first
+    calls = Calls()
+    graphed = GraphedStep(calls, recorder, shapes="group A")
+    for x, y in data:
+        graphed(x, y)
+    expected = sum(x.sum() + y.sum() for x, y in data)
+    torch.testing.assert_close(calls.total, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_the_shapes_that_ran_are_kept_for_the_last_few_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A long run's growth makes new shapes without end: the oldest are let go."""
+    monkeypatch.setattr(step_graph, "SHAPES_KEPT", 2)
+    recorder = TapeRecorder()
+    recorder.warmed = True
+
+    def first_call_unrecorded(shapes: str) -> bool:
+        graphed = GraphedStep(Calls(), recorder, shapes=shapes)
+        for x, y in batches(2):
+            graphed(x, y)
+        return graphed.unrecorded == 1
+
+    assert all(first_call_unrecorded(name) for name in ("a", "b", "c"))
+    assert not first_call_unrecorded("c") and not first_call_unrecorded("b")
+    assert first_call_unrecorded("a")  # let go when "c" ran
 
 
 def test_another_layout_runs_as_it_is_and_the_recorded_one_still_replays() -> None:
@@ -269,7 +327,10 @@ def test_recorded_epochs_of_envs_that_train_on_their_own_equal_unrecorded_ones(
     (recorder,) = taped
     recordings = len(recorder.recorded)
     assert recordings == 2 * (11 if engine == "per_env" else 2 + 3)  # 2 epochs
-    assert recorder.replays == 5 * recordings - 1  # 6 batches; the warm-up once
+    # 6 batches; the warm-up once; an env's own step runs its first batch as it is each
+    # epoch (it may make a seed's first momentum buffer), a group's only in the first.
+    groups_recorded_at_once = 0 if engine == "per_env" else 2
+    assert recorder.replays == 5 * recordings - 1 + groups_recorded_at_once
 
 
 @pytest.mark.parametrize("engine", ["stacked", "per_env"])

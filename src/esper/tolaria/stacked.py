@@ -59,7 +59,7 @@ none does, a copy of one member's host with the other members' seeds' slots copi
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
@@ -81,7 +81,7 @@ from esper.tolaria.stack_grouping import (
 )
 from esper.tolaria.stacked_norm import batch_norms, batch_norms_unfolded
 from esper.tolaria.stacked_plan import GroupPlan
-from esper.tolaria.step_graph import GraphedStep, recorder_for
+from esper.tolaria.step_graph import GraphedStep, recorder_for, tensor_layout
 from esper.tolaria.swapped import Swapped
 
 #: A missing gate's logit in a group's forward: sigmoid(inf) is exactly 1, so the seed's
@@ -148,11 +148,26 @@ class StackedGroup:
         else:
             if stacked.graphed is None:
                 step = functools.partial(self._device_step, stacked, autocast_dtype=autocast_dtype)
-                stacked.graphed = GraphedStep(step, self._recorder)
+                shapes = self._shapes(stacked, autocast_dtype)
+                stacked.graphed = GraphedStep(step, self._recorder, shapes=shapes)
             x, y, _ = stacked.graphed(x, y)  # where the step read them: its inputs if replayed
         # Host-side bookkeeping, at every step: a replayed graph repeats device work only.
         stacked.seen += y[0].numel()
         stacked.last_batch = (x, y)
+
+    def _shapes(self, stacked: _Stacked, autocast_dtype: torch.dtype | None) -> Hashable:
+        """What this group's step's kernels and their shapes depend on besides the batch:
+        a step of equal ``shapes`` ran its kernels before (``GraphedStep``). Its first call
+        makes nothing (``_stack`` made every momentum buffer and masked alpha), so it may
+        be the one recorded."""
+        return (
+            type(self.template),
+            autocast_dtype,
+            tuple(slot.slot_id for slot in self.plan.incubating),
+            tuple(slot.alpha for slot in self.plan.mixed),
+            tuple((name, tensor_layout(p)) for name, p in stacked.params.items()),
+            tuple((name, tensor_layout(b)) for name, b in stacked.buffers.items()),
+        )
 
     def _device_step(
         self, stacked: _Stacked, x: Tensor, y: Tensor, autocast_dtype: torch.dtype | None
@@ -193,6 +208,9 @@ class StackedGroup:
             self._incubation_backward(stacked, x, y, autocast)
         self._update_grad_flags(stacked)
         sgd_step(stacked.optimizers)
+        if stacked.learned is None:  # which ones learn is the same at every step
+            fresh = stacked.fresh_momentum
+            stacked.learned = {name for name in fresh if stacked.params[name].grad is not None}
         loss = loss.detach()
         stacked.loss_sum.add_(loss * y[0].numel())
         stacked.correct.add_(correct)
@@ -327,6 +345,7 @@ class StackedGroup:
             for name, b in self.plan.like_buffers.items()
         }
         optimizers = []
+        fresh_momentum: set[str] = set()
         for (lr, momentum, decay), names in self.plan.sgd_groups.items():
             leaves = [params[name] for name in names]
             optimizer = torch.optim.SGD(leaves, lr=lr, momentum=momentum, weight_decay=decay)
@@ -341,7 +360,16 @@ class StackedGroup:
                 had = next((b for b in buffers_of if b is not None), None)
                 if had is not None:
                     stacked_buffer = _stacked_rows(buffers_of, shapes[name], had, copies)
-                    optimizer.state[leaf][MOMENTUM_BUFFER] = stacked_buffer
+                elif momentum != 0:
+                    # None has one: rows of zeros too, so that the first step makes no
+                    # buffer and may be recorded (``_shapes``). Its members get it only if
+                    # the tensor learned (``write_back``), as a step of their own makes it.
+                    stacked_buffer = leaf.new_empty(leaf.shape)
+                    copies.zero(stacked_buffer)
+                    fresh_momentum.add(name)
+                else:
+                    continue
+                optimizer.state[leaf][MOMENTUM_BUFFER] = stacked_buffer
             optimizers.append(optimizer)
         copies.run()
         for name, p in self.plan.like_params.items():
@@ -399,7 +427,7 @@ class StackedGroup:
             name: b if name in self.plan.incubating_buffers or name in kept_names else copied[name]
             for name, b in buffers.items()
         }
-        return _Stacked(
+        stacked = _Stacked(
             params=params,
             buffers=buffers,
             mixed=mixed,
@@ -435,7 +463,17 @@ class StackedGroup:
                 self.size, len(self.plan.seed_names), device=device, dtype=torch.bool
             ),
             no_grad=torch.zeros(self.size, device=device),
+            fresh_momentum=fresh_momentum,
         )
+        # The alphas and scales the passes read, made now, not at the first step (which
+        # so makes nothing, and may be recorded): alphas do not move within an epoch.
+        # The incubation pass's come from the group's buffers, not their copies (filled
+        # as that pass starts): equal values, since the host's pass moves no alpha or scale.
+        passes = (False, True) if self.plan.incubating or mixed else (False,)
+        stacked.masked_buffers = {
+            incubating: _masked_buffers(stacked, buffers, incubating) for incubating in passes
+        }
+        return stacked
 
     @torch.no_grad()
     def write_back(self) -> None:
@@ -463,6 +501,8 @@ class StackedGroup:
                 if buffer is None:
                     continue
                 name = leaves[id(leaf)]
+                if name in stacked.fresh_momentum and name not in (stacked.learned or ()):
+                    continue  # never stepped: a member's own step would have made none
                 for owners, row in zip(self.plan.owners, buffer.unbind(), strict=True):
                     if name not in owners:  # an optional tensor this member lacks
                         continue
@@ -551,8 +591,16 @@ class _Stacked:
     graphed: GraphedStep[None] | None = None
     #: The masked alphas and scales ``_with_missing`` puts in the buffers, for the host's
     #: pass and validation (False) and the incubation pass (True): they change only
-    #: between epochs, when lifecycle ops move them, so each is made once a group epoch.
+    #: between epochs, when lifecycle ops move them, so each is made once a group epoch,
+    #: by ``StackedGroup._stack``.
     masked_buffers: dict[bool, dict[str, Tensor]] = field(default_factory=dict)
+    #: Parameters whose momentum buffer the stacking made, none of their members having
+    #: one: a member gets it only where the parameter learned (had a gradient).
+    fresh_momentum: set[str] = field(default_factory=set)
+    #: Of those, the ones a completed step gave a gradient (None: no step completed yet).
+    #: Noted on the host at a step that runs its Python (a replay runs none; which
+    #: parameters get a gradient is the same at every step of the group epoch).
+    learned: set[str] | None = None
 
 
 def _with_missing(
@@ -578,9 +626,7 @@ def _with_missing(
             name: torch.where(has, params[name], _NO_GATE_LOGIT)
             for name, has in stacked.gate_masks.items()
         }
-    masked = stacked.masked_buffers.get(incubating)
-    if masked is None:
-        masked = stacked.masked_buffers[incubating] = _masked_buffers(stacked, buffers, incubating)
+    masked = stacked.masked_buffers[incubating]
     if masked:
         buffers = buffers | masked
     return params, buffers

@@ -19,8 +19,15 @@ graph's memory pool for as long as the graph does.
 
 When: a group's tensors are stacked afresh each epoch, and an env's accumulators live one
 epoch, so a graph lives one epoch. Of each layout of the batch (shapes, strides, dtypes),
-the first call runs as it is (it stacks a group, makes momentum buffers and masked alphas);
-the next is recorded, then replayed, and every later call of that layout is replayed.
+the first call runs as it is (an env's step makes momentum buffers for a seed's first
+step); the next is recorded, then replayed, and every later call of that layout is
+replayed. A step that makes nothing at its first call (a stacked group's: its stacking
+makes every buffer the step needs) says what its kernels' shapes depend on (``shapes``),
+and is recorded at its first call where a step of the same ``shapes`` and layout ran as
+it is on that device before in the process: a fit's epochs of a few batches (side_by_side's
+3) then replay three steps of three, not two. Why not a step whose shapes never ran: the first
+run of a kernel may set things up (a library's plan, a module's loading) that belong
+outside a capture, as torch's CUDA-graph notes ask of a warm-up.
 Before the first recording on a device, one call more runs on the recorder's stream
 (:meth:`Recorder.warm_up`: lazy set-ups such as a library's workspace for that stream
 happen outside capture, as torch's CUDA-graph notes ask); the stream is one per device
@@ -42,7 +49,9 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import torch
@@ -52,9 +61,13 @@ from torch import Tensor
 Out = TypeVar("Out")
 
 #: Calls of a layout that run unrecorded before the one that is recorded: the first (it
-#: stacks the group and makes what a step makes once, such as a first momentum buffer).
-#: A recorder not yet warmed up runs one more, its warm-up.
+#: makes what a step makes once, such as a first momentum buffer), none for a step with
+#: ``shapes`` that ran before (:class:`GraphedStep`). A recorder not yet warmed up runs
+#: one more, its warm-up.
 CALLS_BEFORE_RECORDING = 1
+#: Per recorder, the ``(shapes, layout)`` of the steps that ran as they are on its device,
+#: the last :data:`SHAPES_KEPT` of them (a long run's growth makes new shapes without end).
+SHAPES_KEPT = 256
 
 
 class Recorder(Protocol):
@@ -192,9 +205,32 @@ def _placed_like(source: Tensor) -> Tensor:
     return room.as_strided(dense.shape, dense.stride(), shift)
 
 
+#: Per recorder, the ``(shapes, layout)`` keys of steps that ran as they are there, least
+#: recently run first (:data:`SHAPES_KEPT`).
+_ran: weakref.WeakKeyDictionary[Recorder, OrderedDict[Hashable, None]] = weakref.WeakKeyDictionary()
+
+
+def _ran_before(recorder: Recorder, key: Hashable) -> bool:
+    ran = _ran.get(recorder)
+    if ran is None or key not in ran:
+        return False
+    ran.move_to_end(key)  # used: kept longest
+    return True
+
+
+def _note_ran(recorder: Recorder, key: Hashable) -> None:
+    ran = _ran.setdefault(recorder, OrderedDict())
+    ran[key] = None
+    ran.move_to_end(key)
+    while len(ran) > SHAPES_KEPT:
+        ran.popitem(last=False)
+
+
 class GraphedStep(Generic[Out]):
     """``step(*inputs)`` (a host step: ``x, y``) recorded at the second call of a layout
-    (the third where the recorder warms up first) and replayed after it.
+    (the third where the recorder warms up first) and replayed after it; with ``shapes``,
+    at the first call where a step of those ``shapes`` and that layout ran as it is on the
+    recorder's device before (the module docstring says when that may be asked).
 
     ``step`` does device work only (see the module docstring) and may return tensors it
     made (its outputs). Each call returns ``(*inputs, outputs)``: the inputs the step read
@@ -210,10 +246,14 @@ class GraphedStep(Generic[Out]):
         step: Callable[..., Out],
         recorder: Recorder,
         on_failure: Callable[[BaseException], None] | None = None,
+        shapes: Hashable | None = None,
     ) -> None:
         self._step = step
         self._recorder = recorder
         self._on_failure = on_failure or _warn_unrecorded
+        #: What the step's kernels' shapes depend on besides its inputs' layout; None: the
+        #: step makes something at its first call, which therefore always runs as it is.
+        self._shapes = shapes
         self._layout: tuple[Layout, ...] | None = None
         self._calls = 0
         self._inputs: tuple[_StaticInput, ...] | None = None
@@ -235,25 +275,40 @@ class GraphedStep(Generic[Out]):
             self.replays += 1
             return (*(static.view for static in self._inputs), self._outputs)
         if self._replay is not None or self._recorder.refused is not None:
-            return self._unrecorded(inputs)
+            return self._unrecorded(inputs, layout)
         if layout != self._layout:
             self._layout, self._calls = layout, 0
         self._calls += 1
-        if self._calls <= CALLS_BEFORE_RECORDING:
-            return self._unrecorded(inputs)
+        if self._calls <= self._calls_before_recording(layout):
+            return self._unrecorded(inputs, layout)
         if not self._recorder.warmed:
             made: list[Out] = []
             self._recorder.warm_up(lambda: made.append(self._step(*inputs)))
+            self._ran(layout)
             self.unrecorded += 1
             return (*inputs, made[0])
-        return self._record_and_replay(inputs)
+        return self._record_and_replay(inputs, layout)
 
-    def _unrecorded(self, inputs: tuple[Tensor, ...]) -> tuple[Any, ...]:
+    def _calls_before_recording(self, layout: tuple[Layout, ...]) -> int:
+        if self._shapes is not None and _ran_before(self._recorder, (self._shapes, layout)):
+            return 0
+        return CALLS_BEFORE_RECORDING
+
+    def _ran(self, layout: tuple[Layout, ...]) -> None:
+        if self._shapes is not None:
+            _note_ran(self._recorder, (self._shapes, layout))
+
+    def _unrecorded(
+        self, inputs: tuple[Tensor, ...], layout: tuple[Layout, ...]
+    ) -> tuple[Any, ...]:
         outputs = self._step(*inputs)
+        self._ran(layout)
         self.unrecorded += 1
         return (*inputs, outputs)
 
-    def _record_and_replay(self, inputs: tuple[Tensor, ...]) -> tuple[Any, ...]:
+    def _record_and_replay(
+        self, inputs: tuple[Tensor, ...], layout: tuple[Layout, ...]
+    ) -> tuple[Any, ...]:
         statics = tuple(_StaticInput(t) for t in inputs)
         for static, t in zip(statics, inputs, strict=True):
             static.fill(t)
@@ -264,7 +319,7 @@ class GraphedStep(Generic[Out]):
         except RuntimeError as error:  # torch.OutOfMemoryError among them
             self._recorder.refused = error
             self._on_failure(error)
-            return self._unrecorded(inputs)
+            return self._unrecorded(inputs, layout)
         self._inputs, self._replay, self._outputs = statics, replay, made[0]
         self.recordings += 1
         replay()
