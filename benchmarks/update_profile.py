@@ -77,6 +77,9 @@ PHASES: dict[str, str] = {
     "      per-env validation": "esper.tolaria.epoch:validate_with_counterfactuals",
     "    observe": "esper.mdp.env:MorphogeneticVecEnv.observe",
     "    policy act": "esper.tamiyo.policy:PolicyNetwork.act",
+    # With cuda_graphs the rollout acts through this; the acts it runs as they are (a
+    # run's first, its warm-up, its recording) count in "policy act" too.
+    "    recorded act (cuda_graphs)": "esper.mdp.recorded_act:RecordedAct.__call__",
     "    the step's read (waits for the device)": "esper.mdp.step_read:read_packed",
     "    governor": "esper.mdp.governor:Steering.steer",
     "    lifecycle (apply)": "esper.mdp.env:MorphogeneticVecEnv.apply",

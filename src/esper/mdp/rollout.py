@@ -34,12 +34,14 @@ from esper.contracts.rollout import RolloutSummary, StepBatch
 from esper.mdp.env import MorphogeneticVecEnv
 from esper.mdp.governor import PANIC_SIGNAL, Governor, Steering
 from esper.mdp.pending import PendingTransition
+from esper.mdp.recorded_act import RecordedAct
 from esper.mdp.rewards import total
 from esper.mdp.step_read import StepRead
 from esper.mdp.transitions import TransitionStore
 from esper.tamiyo.action_masks import ActionMasks
-from esper.tamiyo.policy import ActResult, LSTMState
+from esper.tamiyo.policy import ActResult, LSTMState, PolicyNetwork
 from esper.threads import intra_op_threads
+from esper.tolaria.step_graph import own_recorder
 
 StepHook = Callable[[StepBatch], None]
 #: How the controller's observation is made from the raw features (a frozen or learning
@@ -79,6 +81,7 @@ class RolloutCollector:
         normalize: ObservationTransform | None = None,
         compile: bool = False,
         policy_threads: int | None = None,
+        cuda_graphs: bool = False,
     ) -> None:
         if store.n_steps != env.decisions_per_episode or store.n_envs != env.n_envs:
             raise ValueError(
@@ -89,8 +92,8 @@ class RolloutCollector:
         self.policy = policy
         self.store = store
         self.normalize = normalize
-        #: The controller's act, through torch.compile when asked (one graph for all envs).
-        self._act = torch.compile(policy.act) if compile else policy.act
+        #: The controller's act (:func:`acting`).
+        self._act = acting(policy, compile, cuda_graphs)
         #: Intra-op threads for the controller's act and value on the CPU (None: torch's).
         self.policy_threads = policy_threads
         #: Episode seeds are ``rollout * seed_stride + seed_offset``: ranks set these so that
@@ -243,6 +246,19 @@ class RolloutCollector:
         else:
             env.drain_events()
         return rewards
+
+
+def acting(policy: Controller, compile: bool, cuda_graphs: bool) -> Callable[..., ActResult]:
+    """``policy``'s act: through torch.compile with ``compile`` (one graph for all envs);
+    with ``cuda_graphs``, a :class:`PolicyNetwork`'s recorded where its device records
+    (``esper.mdp.recorded_act``); else as it is."""
+    if compile:
+        return torch.compile(policy.act)
+    if cuda_graphs and isinstance(policy, PolicyNetwork):
+        recorder = own_recorder(next(policy.parameters()).device)
+        if recorder is not None:
+            return RecordedAct(policy, recorder)
+    return policy.act
 
 
 def _share(part: int, whole: int) -> float:

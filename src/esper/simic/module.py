@@ -108,7 +108,8 @@ class PPOModule(LightningModule):
         cuda_graphs: on a GPU each stacked group, and each env training on its own,
             records its training step as a CUDA graph once an epoch and replays it: a
             step's launches become one; so does the PPO update its minibatch passes, once
-            a run (``esper.simic.ppo_graph``; one process, no autocast). Results are
+            a run (``esper.simic.ppo_graph``; one process, no autocast), and the rollout
+            the policy's act (``esper.mdp.recorded_act``). Results are
             unchanged; not with ``compile`` or ``amp=fp16``; off by default until measured
             on a GPU (benchmarks/README.md).
         learner_device: where the PPO update runs: None (default) where the policy acts
@@ -239,6 +240,7 @@ class PPOModule(LightningModule):
             self.ppo_config.gae_lambda,
             compile=self.env_config.compile,
             policy_threads=self.policy_config.cpu_threads,
+            cuda_graphs=self.env_config.cuda_graphs,
         )
         self.collector.seed_stride, self.collector.seed_offset = world, rank
         self.collector.set_governor(governor_among(self.trainer.callbacks))

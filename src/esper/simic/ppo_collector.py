@@ -34,8 +34,9 @@ class PPOCollector(RolloutCollector):
         gae_lambda: float,
         compile: bool = False,
         policy_threads: int | None = None,
+        cuda_graphs: bool = False,
     ) -> None:
-        super().__init__(env, policy, buffer, normalizer, compile, policy_threads)
+        super().__init__(env, policy, buffer, normalizer, compile, policy_threads, cuda_graphs)
         self.buffer = buffer
         self.normalizer = normalizer
         self.gamma = gamma

@@ -143,12 +143,25 @@ def recorder_for(device: torch.device) -> Recorder | None:
     make = RECORDERS.get(device.type)
     if make is None:
         return None
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = _indexed(device)
     key = (make, device)
     if key not in _made:
         _made[key] = make(device)
     return _made[key]
+
+
+def own_recorder(device: torch.device) -> Recorder | None:
+    """A recorder of ``device`` apart from the one its host steps share: its own stream,
+    warm-up and refusal, for a step whose failed recording must not stop the host steps'
+    (``esper.mdp.recorded_act``). None where ``device``'s type has none."""
+    make = RECORDERS.get(device.type)
+    return None if make is None else make(_indexed(device))
+
+
+def _indexed(device: torch.device) -> torch.device:
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 class Layout(NamedTuple):
