@@ -25,9 +25,9 @@ the batch (the stacked engine's copies of mapped activations, which functorch ma
 only for some layouts) show there, at kernels that cost more.
 
 ``--ops`` also counts, in one more epoch per engine, the operators a step issues that
-would each launch a kernel on a GPU (every aten operator but views, bare allocations and
-wrapped Python scalars; a multi-tensor ``_foreach`` operator counts once, as CUDA runs
-it), per env step: a count that does not depend on the machine, so it can be taken here
+would each launch a kernel on a GPU (``launch_rule``: every aten operator but views,
+bare allocations, wrapped Python scalars and empty outputs; a multi-tensor ``_foreach``
+operator counts once, as CUDA runs it), per env step: a count that does not depend on the machine, so it can be taken here
 for a GPU, where a launch-bound step costs about that many launches.
 
 Usage: ``python benchmarks/dispatch.py [--n-envs 4 16 64] [--steps 40] [--device cpu]
@@ -41,6 +41,7 @@ import collections
 import time
 from typing import Any, NamedTuple
 
+import launch_rule
 import torch
 from grown import QUICK, grown_apart
 from torch import Tensor
@@ -73,21 +74,6 @@ def batches(
     return [batch(n_envs * images) for _ in range(steps)], [batch(VAL_IMAGES)]
 
 
-#: Operators that launch no kernel: bare allocations, and a Python scalar wrapped as a
-#: host tensor (a kernel's argument). Views (``OpOverload.is_view``) launch none either.
-NO_KERNEL = frozenset(
-    {
-        "empty",
-        "empty_like",
-        "empty_strided",
-        "new_empty",
-        "new_empty_strided",
-        "scalar_tensor",
-        "_unsafe_view",
-    }
-)
-
-
 class KernelOps(TorchDispatchMode):
     """Counts the aten operators issued within it that would launch a kernel, by name."""
 
@@ -98,10 +84,10 @@ class KernelOps(TorchDispatchMode):
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
-        name = func.overloadpacket.__name__
-        if not func.is_view and name not in NO_KERNEL:
-            self.counts[name] += 1
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if launch_rule.launches(func, out):
+            self.counts[func.overloadpacket.__name__] += 1
+        return out
 
 
 class Case(NamedTuple):

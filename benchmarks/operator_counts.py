@@ -5,8 +5,8 @@ costs about its launches, and launches are the operators a run issues, which any
 can count. This runs ``side_by_side.sh``'s work (esper-lite's ``cifar_baseline`` host,
 random 3x32x32 images, 1 000 / 200, 16 images per env step, 8-epoch episodes) for both
 systems, fits of 1 and ``--updates`` updates, under a dispatch mode that counts every aten
-operator but views, bare allocations and wrapped scalars (``dispatch.NO_KERNEL``), and
-prints operators per update = (count of the longer fit - count of the shorter) /
+operator that launches a kernel (``launch_rule``: not views, bare allocations, wrapped
+scalars, ``set_`` or operators whose outputs are all empty), and prints operators per update = (count of the longer fit - count of the shorter) /
 (updates - 1), the formula side_by_side.sh uses for seconds.
 
 Esper runs in this process, with ``--model.engine`` (default ``stacked``, the GPU's engine),
@@ -37,23 +37,29 @@ from update_profile import fit_arguments, run_fit
 from esper.threads import intra_op_threads
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The rule both counts use (``launch_rule``), loaded by path in esper-lite's environment.
+LAUNCH_RULE = Path(__file__).resolve().parent / "launch_rule.py"
 PEER = ROOT.parent / "shared" / "peer"
 DEFAULT_PEER_VENV = Path(tempfile.gettempdir()) / "esper-lite-venv"
 #: What the counting wrapper prints last, for the parent to find.
 MARK = "OPERATORS"
 
 #: Runs in esper-lite's environment (its ``esper`` package is not ours, so nothing of
-#: ours is imported there): argv = [NO_KERNEL as JSON, run_peer.py, its arguments...].
+#: ours is imported there): argv = [launch_rule.py's path, run_peer.py, its arguments...];
+#: the rule is loaded by path, so both systems are counted by the same one.
 PEER_COUNTER = """
-import json, runpy, sys
+import importlib.util, runpy, sys
 from torch.utils._python_dispatch import TorchDispatchMode
-no_kernel = frozenset(json.loads(sys.argv[1]))
+spec = importlib.util.spec_from_file_location("launch_rule", sys.argv[1])
+rule = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(rule)
 class Count(TorchDispatchMode):
     n = 0
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view and func.overloadpacket.__name__ not in no_kernel:
+        out = func(*args, **(kwargs or {}))
+        if rule.launches(func, out):
             Count.n += 1
-        return func(*args, **(kwargs or {}))
+        return out
 script, sys.argv = sys.argv[2], sys.argv[2:]
 with Count():
     try:
@@ -78,13 +84,11 @@ def peer_operators(
 ) -> int:
     """Operators a run of ``updates`` rounds issues in its main thread (esper-lite: its
     launcher ``script`` run by ``venv``'s Python)."""
-    from dispatch import NO_KERNEL
-
     with tempfile.TemporaryDirectory() as work:
         config = Path(work) / "lite.json"
         config.write_text(json.dumps({"batch_size_per_env": 16}))
         command = [
-            str(venv / "bin" / "python"), "-c", PEER_COUNTER, json.dumps(sorted(NO_KERNEL)),
+            str(venv / "bin" / "python"), "-c", PEER_COUNTER, str(LAUNCH_RULE),
             str(script), "ppo", "--task", "cifar_baseline",
             "--config-json", str(config), "--envs", str(n_envs), "--episode-length", "8",
             "--rounds", str(updates), "--device", "cpu", "--num-workers", "0",

@@ -15,7 +15,7 @@ on it three ways, on the same batch and from the same policy:
 
 Seconds are the median over ``--repeats`` updates after one warm-up, on ``--threads``
 intra-op threads; kernel ops are counted in one more update (``dispatch.py``'s
-``KernelOps``: every aten operator but views, bare allocations and wrapped scalars),
+``KernelOps``: every aten operator that launches a kernel, ``launch_rule``),
 the launches a launch-bound GPU pays for, whatever machine counts them.
 
 ``--recorded`` adds each path with its minibatch passes recorded and replayed

@@ -60,7 +60,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from dispatch import NO_KERNEL
+from launch_rule import launches
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from esper import cli
@@ -172,8 +172,9 @@ class PhaseTally(TorchDispatchMode):
     """Per phase, the operators run in this thread while it is running (a phase counts
     its nested phases' too, as its seconds do), in :data:`TALLIES`:
 
-    - ``ops``: operators that launch a kernel on a GPU (views, bare allocations and
-      wrapped scalars launch none: ``dispatch.NO_KERNEL``), reads and copies excluded;
+    - ``ops``: operators that launch a kernel on a GPU (``launch_rule``: views, bare
+      allocations, wrapped scalars and empty outputs launch none), reads and copies
+      excluded;
     - ``reads``: ``_local_scalar_dense``, what ``.item()``, ``float()``, ``if tensor:``
       run (a CPU generator's seed draws among them); ``waits``: those of a device's
       tensor, each of which waits for every kernel queued before it;
@@ -200,7 +201,7 @@ class PhaseTally(TorchDispatchMode):
             tallies = ("reads", "waits") if args[0].device.type != "cpu" else ("reads",)
         elif name in ("_to_copy", "copy_") and (moved := _moved(name, args, out)):
             tallies = (moved,)
-        elif not func.is_view and name not in NO_KERNEL:
+        elif launches(func, out):
             tallies = ("ops",)
         else:
             return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import sys
 
 import pytest
@@ -53,6 +54,13 @@ def test_ops_counts_what_would_launch_a_kernel_per_env_step(
         torch.where(x > 0, x, 0.0)  # the wrapped 0.0 is no kernel; the compare and where are
         torch._foreach_add_([x, x.clone()], 1.0)  # a clone, and one multi-tensor op
     assert counter.counts == {"gt": 1, "where": 1, "clone": 1, "_foreach_add_": 1}
+    counter = dispatch.KernelOps()
+    empty, two = torch.zeros(0), torch.zeros(2)
+    with counter:
+        copy.deepcopy(empty)  # a deepcopy's set_, and a copy of nothing
+        copy.deepcopy(two)  # one copy: its values
+        empty.add_(1.0)  # empty output: torch launches nothing
+    assert counter.counts == {"copy_": 1}
     argv = ["dispatch.py", "--n-envs", "4", "--steps", "8", "--ops"]
     monkeypatch.setattr(sys, "argv", argv)
     dispatch.main()

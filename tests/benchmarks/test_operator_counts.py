@@ -65,6 +65,8 @@ def test_the_peer_counter_counts_kernels_in_the_launched_script(tmp_path: Path) 
         x = torch.ones(3)  # one fill
         (x + 1).view(3, 1).sum()  # add and sum; the view launches nothing
         torch.empty(2)  # a bare allocation launches nothing
+        import copy
+        copy.deepcopy(torch.zeros(0))  # empty: its set_ and copy launch nothing
         sys.exit(0)
         """,
     )
