@@ -248,6 +248,37 @@ def test_a_fit_that_records_resumes_as_an_unbroken_fit_without_graphs(
         assert torch.equal(value, resumed.state_dict()[name]), name
 
 
+def test_a_fit_whose_update_cannot_be_recorded_keeps_recording_its_host_steps(
+    tmp_path: Path, taped: list[TapeRecorder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The update records on a recorder of its own: a pass that reads the host (a
+    plugin's loss, say) warns and runs as it is, and the next update's host epochs still
+    replay their recorded steps."""
+    losses = ppo_graph.minibatch_losses
+
+    def reads(*args: object) -> object:
+        out = losses(*args)  # type: ignore[arg-type]
+        float(out.policy)
+        return out
+
+    monkeypatch.setattr(ppo_graph, "minibatch_losses", reads)
+    replays: list[int] = []
+    real_update = ppo_graph.RecordedMinibatches.__call__
+
+    def noted(self: RecordedMinibatches, *args: object) -> object:
+        replays.append(step_graph.recorder_for(torch.device("cpu")).replays)  # type: ignore[union-attr]
+        return real_update(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ppo_graph.RecordedMinibatches, "__call__", noted)
+    with pytest.warns(RuntimeWarning, match="PPO minibatch step could not be recorded"):
+        module, _ = recorded_fit(tmp_path, 2, engine="stacked", cuda_graphs=True)
+    host_steps = step_graph.recorder_for(torch.device("cpu"))
+    assert host_steps is not None and host_steps.refused is None
+    assert replays[-1] > replays[0] > 0  # the second update's epochs replayed
+    assert module._recorded is not None
+    assert all(step.recordings == 0 for step in module._recorded.steps)
+
+
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_a_fit_records_its_update_only_outside_autocast(
     tmp_path: Path, taped: list[TapeRecorder], precision: str

@@ -398,13 +398,13 @@ def test_a_fit_with_recorded_steps_equals_one_without(
     tmp_path: Path, taped: list[TapeRecorder]
 ) -> None:
     """``PPOModule(cuda_graphs=True)`` through ``Trainer.fit``: the same returns and the
-    same policy, update for update (two envs of one host: one stacked group). Two
-    recorders replayed: the host steps' and PPO update's, and the policy's act's own."""
+    same policy, update for update (two envs of one host: one stacked group). Three
+    recorders replayed: the host steps', and the PPO update's and the act's own."""
     plain, plain_returns = recorded_fit(tmp_path / "plain", 2, engine="stacked")
     recorded, recorded_returns = recorded_fit(
         tmp_path / "recorded", 2, engine="stacked", cuda_graphs=True
     )
-    assert len(taped) == 2 and all(r.replays > 0 for r in taped)
+    assert len(taped) == 3 and all(r.replays > 0 for r in taped)
     assert recorded_returns == plain_returns
     for name, value in plain.state_dict().items():
         assert torch.equal(value, recorded.state_dict()[name]), name

@@ -50,7 +50,7 @@ from esper.simic.validation import as_config, check_ent_coef_final, validate_run
 from esper.tamiyo.policy import PolicyConfig, PolicyNetwork
 from esper.threads import intra_op_threads
 from esper.tolaria.data.base import HostDataModule
-from esper.tolaria.step_graph import recorder_for
+from esper.tolaria.step_graph import own_recorder
 
 #: Host arguments a run takes when it is given none: the hosts start small, so growth has
 #: something to add (measured: benchmarks/README.md, "Design figures kept out of
@@ -353,7 +353,8 @@ class PPOModule(LightningModule):
         if torch.is_autocast_enabled(device.type):
             return None
         if self._recorded is None or self._recorded.policy is not policy:
-            recorder = recorder_for(device)
+            # Its own recorder: a failed recording stops this update's, not the host steps'.
+            recorder = own_recorder(device)
             if recorder is None:
                 return None
             self._recorded = RecordedMinibatches(policy, self.ppo_config, recorder)

@@ -92,7 +92,9 @@ class _OwnWarmUp:
     by one eager pass on the recorder's stream even where host steps warmed the stream
     up already, since lazy set-ups of the policy's kernels (a cuDNN RNN's, cuBLAS's on
     that stream) belong outside a capture (torch's CUDA-graph notes). One eager
-    minibatch a run; a recording's failure is still the device's (``refused``)."""
+    minibatch a run; a recording's failure is still the recorder's (``refused``): PPOModule
+    gives the update a recorder of its own (``step_graph.own_recorder``), so a failure
+    here leaves the host steps recording."""
 
     def __init__(self, recorder: Recorder) -> None:
         self._recorder = recorder
@@ -207,8 +209,9 @@ class RecordedMinibatches:
 def _warn_unrecorded(error: BaseException) -> None:
     warnings.warn(
         f"cuda_graphs: a PPO minibatch step could not be recorded as a CUDA graph "
-        f"({type(error).__name__}: {error}); its device records nothing more in this run. "
-        "Results are unchanged; set cuda_graphs to false to keep from trying.",
+        f"({type(error).__name__}: {error}); the update's passes run as they are for the "
+        "rest of this run. Results are unchanged; set cuda_graphs to false to keep from "
+        "trying.",
         RuntimeWarning,
         stacklevel=4,
     )

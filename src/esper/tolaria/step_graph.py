@@ -37,9 +37,11 @@ replayed costs a whole step's launches. A call of another layout (a loader's sho
 last batch) runs as it is. A recording that fails (out of memory, or an operation a
 graph cannot hold, such as a plugin's host read) leaves nothing changed, since recording
 runs no kernel: that epoch's steps then run as they are, with a warning that names the error,
-and the device records nothing more for the rest of the process. Why not try again next
-epoch: a host read fails every time, and torch's capture may leave an invalidated
-capture's stream routed to the dead graph's memory pool.
+and that recorder (its stream) records nothing more for the rest of the process. Why not
+try again next epoch: a host read fails every time, and torch's capture may leave an
+invalidated capture's stream routed to the dead graph's memory pool. The host steps share
+a device's recorder (:func:`recorder_for`); the PPO update and the policy's act each have
+one of their own (:func:`own_recorder`), so their failures leave the host steps recording.
 
 Which devices record: those with a :class:`Recorder` in :data:`RECORDERS` (CUDA). Elsewhere
 the step runs as it is.
