@@ -14,8 +14,8 @@
 #              benchmarks/gpu.py, predecessor's host at 4, 16 and 64 envs, stacked
 #              against stacked_graphs (issue 35's 0.35 ms a host step at 16 envs),
 #              then update_profile.py on CUDA, 16 envs, with cuda_graphs on (host
-#              steps and the PPO update's minibatches recorded): seconds an update
-#              and its phases (against cuda_updates' first figure)               210 s
+#              steps, the PPO update's minibatches and the policy's act recorded):
+#              seconds an update and its phases (against cuda_updates' first)    210 s
 #   profile    benchmarks/update_profile.py on CUDA, 16 envs, 2 updates: where an
 #              update's seconds go (3.2 s at 78e9838), each phase's kernels, waits
 #              for the device and copies (--counts), and the CPU time of CUDA's own
