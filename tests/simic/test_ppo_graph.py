@@ -206,11 +206,9 @@ def test_layouts_beyond_the_limit_let_the_least_recently_used_go(
     _assert_same_updates(_updates(batch, None), updated)
 
 
-def test_a_step_that_cannot_be_recorded_warns_and_the_update_runs_as_it_is(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A host read in the pass (a plugin's, say) fails the recording: a warning naming
-    the error, then every minibatch runs as it is, with the eager results."""
+def _losses_read_on_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the recorded pass read its policy loss on the host, as a plugin's loss might:
+    no graph can hold it."""
     losses = ppo_graph.minibatch_losses
 
     def reads(*args: object) -> object:
@@ -219,6 +217,14 @@ def test_a_step_that_cannot_be_recorded_warns_and_the_update_runs_as_it_is(
         return out
 
     monkeypatch.setattr(ppo_graph, "minibatch_losses", reads)
+
+
+def test_a_step_that_cannot_be_recorded_warns_and_the_update_runs_as_it_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A host read in the pass (a plugin's, say) fails the recording: a warning naming
+    the error, then every minibatch runs as it is, with the eager results."""
+    _losses_read_on_the_host(monkeypatch)
     batch = _batches()["unbroken"]
     recorder = TapeRecorder()
     with pytest.warns(RuntimeWarning, match="PPO minibatch step could not be recorded"):
@@ -254,14 +260,7 @@ def test_a_fit_whose_update_cannot_be_recorded_keeps_recording_its_host_steps(
     """The update records on a recorder of its own: a pass that reads the host (a
     plugin's loss, say) warns and runs as it is, and the next update's host epochs still
     replay their recorded steps."""
-    losses = ppo_graph.minibatch_losses
-
-    def reads(*args: object) -> object:
-        out = losses(*args)  # type: ignore[arg-type]
-        float(out.policy)
-        return out
-
-    monkeypatch.setattr(ppo_graph, "minibatch_losses", reads)
+    _losses_read_on_the_host(monkeypatch)
     replays: list[int] = []
     real_update = ppo_graph.RecordedMinibatches.__call__
 
