@@ -11,6 +11,7 @@ from torch import nn
 from esper.contracts import BlendMode, IllegalTransitionError, SeedStage
 from esper.kasmina import (
     BlueprintFitError,
+    CNNHost,
     GateSignals,
     GrowingHost,
     LifecycleConfig,
@@ -443,3 +444,27 @@ def test_a_lifecycle_op_writes_the_alpha_buffer_only_when_alpha_moves() -> None:
     copied = copy.deepcopy(slot)  # the buffer and the value last written go together
     copied.prune()
     assert float(copied.alpha_tensor) == 0.0 and float(slot.alpha_tensor) == 1.0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_planting_a_seed_on_a_gpu_host_waits_for_nothing() -> None:
+    """A seed is built on the CPU and uploaded mid-rollout: a blocking upload from
+    pageable memory would synchronise the stream once per tensor (CUDA's sync debug mode
+    raises on it). Its values are the CPU-built seed's."""
+    torch.manual_seed(0)
+    on_cpu = GrowingHost(CNNHost(channels=(8, 16)))
+    on_gpu = copy.deepcopy(on_cpu)
+    on_gpu.model.cuda()
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for host in (on_cpu, on_gpu):
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(1)
+                host.germinate("stage0", "conv_light", BlendMode.GATED)
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    for name, value in on_cpu.model.state_dict().items():
+        assert torch.equal(on_gpu.model.state_dict()[name].cpu(), value), name

@@ -182,10 +182,12 @@ class SeedSlot(nn.Module):
     def _hold(self, module: nn.Module, blend_mode: BlendMode) -> nn.Module:
         """Keep ``module`` as this slot's seed, on the host's device, gated if asked."""
         device = self._device_anchor.device
-        self.seed = module.to(device)
+        # Built on the CPU; uploaded without waiting for the device (a blocking upload
+        # from pageable memory synchronises the stream: once per tensor, mid-rollout).
+        self.seed = module.to(device, non_blocking=True)
         if BlendMode(blend_mode) is BlendMode.GATED:
             channels = module.gate_channels if isinstance(module, Widening) else None
-            self.gate = ChannelGate(self.shape, channels).to(device)
+            self.gate = ChannelGate(self.shape, channels).to(device, non_blocking=True)
         self._sync_alpha()
         return self.seed
 

@@ -175,8 +175,12 @@ class MorphogeneticVecEnv:
         if self.initial_architectures is not None:
             self._build_initial_architectures(models, episode_seed)
         self.train_flops = np.zeros(self.n_envs)
+        # Built on the CPU; uploaded without waiting for the device (a blocking upload
+        # from pageable memory synchronises the stream: once per tensor of every host).
         self.hosts = [
-            GrowingHost(model.to(device), self.config.optim, self.config.widen_init)
+            GrowingHost(
+                model.to(device, non_blocking=True), self.config.optim, self.config.widen_init
+            )
             for model, device in zip(models, self.host_devices, strict=True)
         ]
         self.host_epoch = 0
