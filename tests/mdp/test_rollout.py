@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -210,3 +212,16 @@ def test_a_rollout_that_widens_and_merges_still_reads_the_device_once_per_host_e
     if recorders:
         assert sum(r.replays for r in recorders) > 0
     assert 0 <= summary.stacked_share <= 1
+    if device == "cuda":
+        # Nothing but the step's read waits for the device: CUDA's sync debug mode warns
+        # at every synchronising call (a blocking upload of a planted seed among them).
+        previous = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                col.collect(2)
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+        syncs = [w for w in caught if "synchronizing CUDA operation" in str(w.message)]
+        assert len(syncs) <= epochs, [str(w.message) for w in syncs[:5]]
