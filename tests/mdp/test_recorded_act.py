@@ -112,6 +112,18 @@ def test_an_act_with_its_own_generator_or_episode_starts_runs_as_it_is() -> None
     assert torch.equal(a.actions, b.actions) and torch.equal(a.log_prob, b.log_prob)
 
 
+def test_an_act_under_autocast_runs_as_it_is() -> None:
+    """A mixed-precision fit acts inside Lightning's autocast, whose cache of cast weights
+    a recording cannot hold (it would replay casts of weights since updated)."""
+    policy = make_policy()
+    recorded_act = RecordedAct(policy, TapeRecorder())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = episode(policy.act, policy)
+        recorded = episode(recorded_act, policy)
+    assert recorded_act.steps == {}
+    assert_equal_acts(plain, recorded)
+
+
 class _ReadingPolicy(PolicyNetwork):
     """A plugin policy whose act reads the device on the host: no graph can hold it."""
 

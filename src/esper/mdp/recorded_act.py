@@ -13,7 +13,8 @@ The draws: ``MaskedCategorical.sample`` draws its noise from the default generat
 a CUDA graph replays from the generator's current offset and then advances, as an eager
 draw does, so replayed acts draw what eager ones draw (on a CPU the tests' tape replays
 the draw itself). A caller that passes a generator of its own, or ``episode_starts``, gets
-the policy's act as it is.
+the policy's act as it is; so does an act under autocast (a mixed-precision fit's training
+step), whose cache of cast weights a recording cannot hold, as the PPO update's does not.
 
 A replay's outputs are the recording's tensors, which the next replay overwrites, and the
 rollout keeps them (the store, the governor's snapshot of the state an env acted from, the
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import warnings
 
+import torch
 from torch import Tensor
 
 from esper.tamiyo.action_masks import ActionMasks
@@ -57,7 +59,11 @@ class RecordedAct:
         episode_starts: Tensor | None = None,
         generator: object | None = None,
     ) -> ActResult:
-        if episode_starts is not None or generator is not None:
+        if (
+            episode_starts is not None
+            or generator is not None
+            or torch.is_autocast_enabled(obs.device.type)
+        ):
             return self.policy.act(
                 obs,
                 hidden,

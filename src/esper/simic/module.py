@@ -109,7 +109,7 @@ class PPOModule(LightningModule):
             records its training step as a CUDA graph once an epoch and replays it: a
             step's launches become one; so does the PPO update its minibatch passes, once
             a run (``esper.simic.ppo_graph``; one process, no autocast), and the rollout
-            the policy's act (``esper.mdp.recorded_act``). Results are
+            the policy's act (``esper.mdp.recorded_act``; no autocast). Results are
             unchanged; not with ``compile`` or ``amp=fp16``; off by default until measured
             on a GPU (benchmarks/README.md).
         learner_device: where the PPO update runs: None (default) where the policy acts
