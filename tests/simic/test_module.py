@@ -46,6 +46,34 @@ def test_the_ppo_update_and_the_collector_take_the_policy_s_cpu_threads(
     assert module.collector is not None and module.collector.policy_threads == 1
 
 
+def test_a_mixed_precision_fit_autocasts_its_update_and_not_its_rollout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--trainer.precision bf16-mixed`` is the PPO update's precision; hosts train at
+    ``amp``'s (off here), outside the trainer's autocast, whose cast weights would not see
+    the steps that move them."""
+    L.seed_everything(0, verbose=False)
+    module = PPOModule(n_envs=2, episode_epochs=3, host_kwargs={"channels": [4, 8]})
+    seen: dict[str, list[bool]] = {"rollout": [], "update": []}
+    train_epoch = module_source.MorphogeneticVecEnv.train_epoch
+    update = module_source.ppo_update
+
+    def noted_epoch(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen["rollout"].append(torch.is_autocast_enabled("cpu"))
+        return train_epoch(self, *args, **kwargs)
+
+    def noted_update(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen["update"].append(torch.is_autocast_enabled("cpu"))
+        return update(*args, **kwargs)
+
+    monkeypatch.setattr(module_source.MorphogeneticVecEnv, "train_epoch", noted_epoch)
+    monkeypatch.setattr(module_source, "ppo_update", noted_update)
+    trainer = quiet_trainer(tmp_path, 1, accelerator="cpu", precision="bf16-mixed")
+    trainer.fit(module, datamodule=small_data())
+    assert seen["rollout"] and not any(seen["rollout"])
+    assert seen["update"] == [True]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("resident_bytes", [2**30, 0])

@@ -542,3 +542,26 @@ def test_dropping_the_critic_baseline_needs_paired_envs_and_says_so() -> None:
 def test_a_critic_baseline_needs_a_trained_critic_and_says_so() -> None:
     with pytest.raises(ValueError, match=r"PPOConfig\.vf_coef.*untrained"):
         PPOConfig(critic_baseline=True)
+
+
+def test_each_minibatch_under_autocast_reads_the_weights_the_step_before_left() -> None:
+    """A bf16-mixed fit runs the update inside one autocast region, which keeps its casts
+    of the weights for the region: without dropping them after each step, every later
+    minibatch's forward read the first one's weights. After an update, a forward in the
+    same region equals one in a fresh region."""
+    policy = make_policy(seed=1)
+    batch = _rollout_batch(policy, unbroken=True)
+    config = PPOConfig()
+    optimizer = make_optimizer(policy, config)
+
+    def values() -> torch.Tensor:
+        return policy.evaluate(
+            batch.obs, batch.hidden0, batch.masks, batch.actions, batch.episode_starts
+        )[2]
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ppo_update(policy, optimizer, batch, config)
+        inside = values()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fresh = values()
+    assert torch.equal(inside, fresh)

@@ -13,8 +13,8 @@ The draws: ``MaskedCategorical.sample`` draws its noise from the default generat
 a CUDA graph replays from the generator's current offset and then advances, as an eager
 draw does, so replayed acts draw what eager ones draw (on a CPU the tests' tape replays
 the draw itself). A caller that passes a generator of its own, or ``episode_starts``, gets
-the policy's act as it is; so does an act under autocast (a mixed-precision fit's training
-step), whose cache of cast weights a recording cannot hold, as the PPO update's does not.
+the policy's act as it is; so does an act under a caller's autocast, whose cache of cast
+weights a recording cannot hold (a fit's rollout runs outside the trainer's autocast).
 
 A replay's outputs are the recording's tensors, which the next replay overwrites, and the
 rollout keeps them (the store, the governor's snapshot of the state an env acted from, the

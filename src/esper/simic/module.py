@@ -367,14 +367,18 @@ class PPOModule(LightningModule):
         return RolloutHooks(self.trainer.callbacks, self.trainer, self)
 
     def _collect(self) -> RolloutSummary:
-        assert self.collector is not None
+        assert self.collector is not None and self.env is not None
         hooks = self._hooks()
         hooks("on_rollout_start", self.current_epoch)
 
         def on_step(batch: StepBatch) -> None:
             hooks("on_env_step", batch)
 
-        self._batch, summary = self.collector.collect_batch(self.current_epoch, on_step=on_step)
+        # Outside the trainer's autocast (its precision is the PPO update's): hosts train
+        # at ``amp``'s precision, and their weights move every step, which the casts an
+        # autocast region keeps would not see.
+        with torch.autocast(self.env.device.type, enabled=False):
+            self._batch, summary = self.collector.collect_batch(self.current_epoch, on_step=on_step)
         hooks("on_rollout_end", summary)
         self.last_summary = summary
         return summary

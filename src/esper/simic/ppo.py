@@ -404,6 +404,10 @@ def ppo_update(
                 backward(loss)
             grad_norm = nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
             optimizer.step()
+            # Under autocast (a bf16-mixed fit's training step) the next forward would
+            # reuse the casts of the weights this step just moved: autocast keeps them for
+            # its whole region, and Lightning's spans the update.
+            torch.clear_autocast_cache()
 
             stats = {
                 "policy_loss": losses.policy,
