@@ -74,6 +74,25 @@ def test_a_mixed_precision_fit_autocasts_its_update_and_not_its_rollout(
     assert seen["update"] == [True]
 
 
+def test_a_scaled_precision_is_refused_naming_the_ones_that_work(tmp_path: Path) -> None:
+    """16-mixed scales the loss for its GradScaler; the update clips gradients before its
+    fused Adam step unscales them, so it would clip scaled gradients (tried on this CPU
+    with a scaler: gradient norm NaN, no step taken). A GPU keeps 16-mixed as asked (a
+    CPU trainer turns it into bf16-mixed), so the scaler is given here."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    from esper.contracts.config_errors import ConfigError
+
+    L.seed_everything(0, verbose=False)
+    module = PPOModule(n_envs=2, episode_epochs=3, host_kwargs={"channels": [4, 8]})
+    scaled = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
+    trainer = quiet_trainer(tmp_path, 1, accelerator="cpu", plugins=[scaled])
+    with pytest.raises(
+        ConfigError, match=r"trainer\.precision: is '16-mixed'.*bf16-mixed or 32-true"
+    ):
+        trainer.fit(module, datamodule=small_data())
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("resident_bytes", [2**30, 0])

@@ -46,7 +46,7 @@ from esper.simic.ppo_graph import RecordedMinibatches
 from esper.simic.rng import capture_rng_state, restore_rng_state
 from esper.simic.schedules import entropy_coef_at, learning_rate_at
 from esper.simic.update_metrics import PROGRESS_BAR_METRICS, rollout_metrics
-from esper.simic.validation import as_config, check_ent_coef_final, validate_run
+from esper.simic.validation import as_config, check_ent_coef_final, check_precision, validate_run
 from esper.tamiyo.policy import PolicyConfig, PolicyNetwork
 from esper.threads import intra_op_threads
 from esper.tolaria.data.base import HostDataModule
@@ -200,6 +200,7 @@ class PPOModule(LightningModule):
                 f"passed as Trainer.fit(..., datamodule=...), got {type(datamodule).__name__}"
             )
         validate_run(self, datamodule, self.trainer.world_size)
+        check_precision(str(self.trainer.precision))
         check_learner_run(self.learner_device, self.trainer.world_size, str(self.trainer.precision))
         strategy = self.trainer.strategy
         device = strategy.root_device

@@ -115,6 +115,26 @@ def validate_run(module: RunConfigs, datamodule: object, world_size: int) -> Non
     _check_blueprints(env, _build_host(env, datamodule))
 
 
+#: The trainer's precision key, and the precisions whose gradient scaler the update
+#: cannot work with: it clips gradients before the optimizer step, and its fused Adam
+#: unscales them only inside that step, so clipping would act on scaled gradients (a
+#: 16-mixed fit's update on a CPU with a scaler: gradient norm NaN, no step taken).
+PRECISION_KEY = "trainer.precision"
+SCALED_PRECISIONS = frozenset({"16-mixed", "16"})
+
+
+def check_precision(precision: str) -> None:
+    """Refuse a trainer precision that scales the update's loss (see
+    :data:`SCALED_PRECISIONS`), naming the precisions that work."""
+    if precision in SCALED_PRECISIONS:
+        raise ConfigError(
+            PRECISION_KEY,
+            f"is {precision!r}, whose gradient scaler the PPO update cannot use (it clips "
+            "gradients before its fused Adam step unscales them); use bf16-mixed or "
+            "32-true. Host training's fp16 is --model.amp fp16",
+        )
+
+
 def _check_configs(module: RunConfigs) -> None:
     """Each config is of its class and still passes its own checks (a caller may have
     changed a field after it was built)."""
