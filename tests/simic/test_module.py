@@ -87,8 +87,21 @@ def test_a_scaled_precision_is_refused_naming_the_ones_that_work(tmp_path: Path)
     module = PPOModule(n_envs=2, episode_epochs=3, host_kwargs={"channels": [4, 8]})
     scaled = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
     trainer = quiet_trainer(tmp_path, 1, accelerator="cpu", plugins=[scaled])
+    with pytest.raises(ConfigError, match=r"trainer\.precision: is '16-mixed': its gradient"):
+        trainer.fit(module, datamodule=small_data())
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "64-true"])
+def test_a_true_precision_is_refused_before_update_1_fails(tmp_path: Path, precision: str) -> None:
+    """A true precision makes its dtype torch's default during the training step, where
+    the episode's hosts are built: their weights then did not match their float32 data
+    and update 1 failed with a dtype error that named neither the cause nor the fix."""
+    from esper.contracts.config_errors import ConfigError
+
+    module = PPOModule(n_envs=2, episode_epochs=3, host_kwargs={"channels": [4, 8]})
+    trainer = quiet_trainer(tmp_path, 1, accelerator="cpu", precision=precision)
     with pytest.raises(
-        ConfigError, match=r"trainer\.precision: is '16-mixed'.*bf16-mixed or 32-true"
+        ConfigError, match=rf"is '{precision}': a true precision.*use 32-true or bf16-mixed"
     ):
         trainer.fit(module, datamodule=small_data())
 

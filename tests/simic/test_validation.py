@@ -338,3 +338,14 @@ def test_cli_names_a_host_that_does_not_fit_the_data(run_fit: typing.Callable[..
     err = run_fit("--model.host", "transformer")
     assert "model.host: 'transformer' cannot be built for the data DigitsDataModule" in err
     assert "hosts that build for this data: ['cnn']" in err
+
+
+def test_a_precision_not_tried_is_refused_naming_those_that_were() -> None:
+    from esper.simic.validation import check_precision
+
+    check_precision("32-true")
+    check_precision("bf16-mixed")
+    with pytest.raises(
+        ConfigError, match=r"trainer\.precision: is 'transformer-engine'.*32-true or bf16-mixed"
+    ):
+        check_precision("transformer-engine")

@@ -115,24 +115,39 @@ def validate_run(module: RunConfigs, datamodule: object, world_size: int) -> Non
     _check_blueprints(env, _build_host(env, datamodule))
 
 
-#: The trainer's precision key, and the precisions whose gradient scaler the update
-#: cannot work with: it clips gradients before the optimizer step, and its fused Adam
-#: unscales them only inside that step, so clipping would act on scaled gradients (a
-#: 16-mixed fit's update on a CPU with a scaler: gradient norm NaN, no step taken).
+#: The trainer's precision key, and the precisions a run takes: 32-true, and bf16-mixed
+#: (the PPO update under autocast; the rollout runs outside it).
 PRECISION_KEY = "trainer.precision"
-SCALED_PRECISIONS = frozenset({"16-mixed", "16"})
+PRECISIONS = ("32-true", "bf16-mixed")
+#: Why the others are refused; tried on this CPU: a 16-mixed update with a real scaler
+#: took no step (gradient norm NaN), bf16-true and 64-true fits failed at update 1.
+_SCALED = (
+    "its gradient scaler cannot serve the PPO update, which clips gradients before its "
+    "fused Adam step unscales them"
+)
+_TRUE = (
+    "a true precision makes its dtype torch's default while the training step runs, so "
+    "hosts built then do not match their float32 data"
+)
+_UNTRIED = "the update and the rollout are tried at these only"
 
 
 def check_precision(precision: str) -> None:
-    """Refuse a trainer precision that scales the update's loss (see
-    :data:`SCALED_PRECISIONS`), naming the precisions that work."""
-    if precision in SCALED_PRECISIONS:
-        raise ConfigError(
-            PRECISION_KEY,
-            f"is {precision!r}, whose gradient scaler the PPO update cannot use (it clips "
-            "gradients before its fused Adam step unscales them); use bf16-mixed or "
-            "32-true. Host training's fp16 is --model.amp fp16",
-        )
+    """Refuse a trainer precision other than :data:`PRECISIONS`, saying why and which
+    work (host training's own precision is ``--model.amp``)."""
+    if precision in PRECISIONS:
+        return
+    if precision.endswith("-true"):
+        why = _TRUE
+    elif precision in ("16-mixed", "16"):
+        why = _SCALED
+    else:
+        why = _UNTRIED
+    raise ConfigError(
+        PRECISION_KEY,
+        f"is {precision!r}: {why}; use {' or '.join(PRECISIONS)} (host training's "
+        "precision is --model.amp)",
+    )
 
 
 def _check_configs(module: RunConfigs) -> None:
