@@ -49,7 +49,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from esper.simic.ppo import PPOConfig, make_optimizer, ppo_update
 from esper.simic.ppo_batch import PPOBatch
 from esper.simic.ppo_graph import RecordedMinibatches
-from esper.tolaria.step_graph import Recorder, recorder_for
+from esper.tolaria.step_graph import Recorder, own_recorder
 
 
 def restored(batch: PPOBatch) -> PPOBatch:
@@ -180,7 +180,7 @@ def main() -> None:
     device = torch.device(args.device)
     recorder = None
     if args.recorded:
-        recorder = tape_recorder() if args.tape else recorder_for(device)
+        recorder = tape_recorder() if args.tape else own_recorder(device)
         if recorder is None:
             parser.error(f"--recorded: {device} records nothing; on a CPU add --tape")
     config = PPOConfig()
