@@ -57,21 +57,14 @@ class RecordedAct:
         masks: ActionMasks,
         deterministic: bool = False,
         episode_starts: Tensor | None = None,
-        generator: object | None = None,
+        generator: torch.Generator | None = None,
     ) -> ActResult:
         if (
             episode_starts is not None
             or generator is not None
             or torch.is_autocast_enabled(obs.device.type)
         ):
-            return self.policy.act(
-                obs,
-                hidden,
-                masks,
-                deterministic,
-                episode_starts,
-                generator,  # type: ignore[arg-type]
-            )
+            return self.policy.act(obs, hidden, masks, deterministic, episode_starts, generator)
         step = self.steps.get(deterministic)
         if step is None:
             step = self.steps[deterministic] = GraphedStep(
