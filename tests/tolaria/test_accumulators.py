@@ -163,3 +163,43 @@ def test_a_steps_bookkeeping_is_three_ops_whatever_it_checks() -> None:
         acc.keep_step(loss, correct, 16)
         acc.pending_norms.extend(seed_grad_norms(acc))
     assert counter.ops == {"mul": 1, "add_": 1, "_foreach_norm": 1}, counter.ops
+
+
+def _seeded_envs() -> list[GrowingHost]:
+    """Four envs training no seed, one, two, and the other one: runs of flags of every
+    length, slots with and without a run, envs with and without one."""
+    torch.manual_seed(0)
+    envs = [GrowingHost(CNNHost(channels=(8, 16), lifecycle=FAST)) for _ in range(4)]
+    for env, slots in zip(envs, ((), ("stage0",), ("stage0", "stage1"), ("stage1",)), strict=True):
+        for slot in slots:
+            env.germinate(slot, "conv_light", BlendMode.LINEAR)
+    return envs
+
+
+_SEEDED = _seeded_envs()
+
+
+@given(st.data())
+def test_a_slot_is_finite_where_every_flag_of_its_parameters_is(data: st.DataObject) -> None:
+    accs = accumulators(_SEEDED)
+    flags = accs[0].sums.params_finite
+    drawn = data.draw(st.lists(st.booleans(), min_size=flags.numel(), max_size=flags.numel()))
+    flags.copy_(torch.tensor(drawn))
+    _, _, _, grads_finite = epoch_figures(accs, torch.device("cpu"))
+    expected = torch.ones(len(accs), accs[0].n_slots, dtype=torch.bool)
+    for row, acc in enumerate(accs):
+        for s, span in acc.seed_spans:
+            expected[row, s] = bool(acc.params_finite[span].all())
+    assert torch.equal(grads_finite, expected)
+
+
+def test_epoch_figures_launch_as_many_ops_whatever_the_number_of_trained_seeds() -> None:
+    one, many = accumulators(_envs(2)), accumulators(_SEEDED)
+    assert sum(len(acc.seed_spans) for acc in many) > sum(len(acc.seed_spans) for acc in one)
+    counts = []
+    for accs in (one, many):
+        counter = OpCounter()
+        with counter:
+            epoch_figures(accs, torch.device("cpu"))
+        counts.append(counter.ops)
+    assert counts[0] == counts[1], counts
