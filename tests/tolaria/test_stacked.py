@@ -10,7 +10,6 @@ convolution sums in another order, everything elementwise is the same arithmetic
 from __future__ import annotations
 
 import copy
-import itertools
 from collections.abc import Callable
 
 import pytest
@@ -620,12 +619,19 @@ def test_padding_to_the_widest_shape_holds_each_member_and_gives_it_back(
     assert torch.equal(stacked[-1], torch.zeros(widest))
 
 
-@given(st.lists(st.booleans(), max_size=20))
-def test_a_mask_is_filled_a_run_of_true_rows_at_a_time(flags: list[bool]) -> None:
-    runs = stacked_module._runs(flags)
-    covered = [g for start, stop in runs for g in range(start, stop)]
-    assert covered == [g for g, flag in enumerate(flags) if flag]
-    assert all(a_stop < b_start for (_, a_stop), (b_start, _) in itertools.pairwise(runs))
+@given(st.integers(1, 12).flatmap(lambda g: st.lists(st.tuples(*[st.booleans()] * g))))
+def test_a_groups_masks_are_its_patterns_rows_made_by_one_copy(
+    patterns: list[tuple[bool, ...]],
+) -> None:
+    counter = OpCounter()
+    with counter:
+        masks = stacked_module._row_masks(patterns, torch.device("cpu"))
+    assert masks.keys() == set(patterns)
+    for pattern, rows in masks.items():
+        assert rows.dtype == torch.bool and rows.tolist() == list(pattern)
+    # One table from the host's list (an upload where the device is a GPU), rows as views:
+    # no fills, no zeros.
+    assert set(counter.ops) <= {"lift_fresh", "_to_copy", "unbind"}, counter.ops
 
 
 def test_a_residual_seed_keeps_its_group_at_one_width() -> None:

@@ -9,6 +9,9 @@ of the batch wherever the split allows.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -86,12 +89,18 @@ def by_share_size(
 
 
 def index_on(device: torch.device, values: list[int]) -> Tensor:
-    """``values`` as an index tensor on ``device``, copied without stalling the host: a
-    plain copy from pageable memory to a GPU waits for the work queued before it."""
-    index = torch.tensor(values)
+    """``values`` as an index tensor on ``device`` (:func:`uploaded`)."""
+    return uploaded(device, values, torch.long)
+
+
+def uploaded(device: torch.device, values: Sequence[Any], dtype: torch.dtype) -> Tensor:
+    """``values`` (a list, or a list of equal-length lists) as a tensor on ``device``,
+    copied without stalling the host: a plain copy from pageable memory to a GPU waits
+    for the work queued before it, so it goes through pinned memory, non-blocking."""
+    host = torch.tensor(values, dtype=dtype)
     if device.type == "cuda":
-        index = index.pin_memory()
-    return index.to(device, non_blocking=True)
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
 
 
 def consecutive(indices: list[int]) -> bool:

@@ -75,6 +75,7 @@ from esper.tolaria.accumulators import EnvAccumulator, finite
 from esper.tolaria.copies import Copies
 from esper.tolaria.counterfactual import CounterfactualPlan, contributing_slots
 from esper.tolaria.host_training import autocast_to
+from esper.tolaria.shares import uploaded
 from esper.tolaria.stack_grouping import (
     MIN_GROUP,
     EnvView,
@@ -376,22 +377,25 @@ class StackedGroup:
             params[name].requires_grad_(p.requires_grad)
         device = next(iter(params.values())).device
 
-        def members_with(name: str, dims: int) -> Tensor:
-            """``[G, 1, ...]`` bool (``dims`` dimensions), the members that have ``name``."""
-            return rows_of([name in mine for mine in self.plan.params], dims)
+        def members_with(name: str | None) -> tuple[bool, ...]:
+            """Per member, whether it has ``name``."""
+            return tuple(name in mine for mine in self.plan.params)
 
-        made: dict[tuple[bool, ...], Tensor] = {}
+        partial = (
+            *self.plan.partial_gates,
+            *self.plan.partial_alphas.values(),
+            *self.plan.partial_incubations.values(),
+        )
+        masks = _row_masks(
+            [members_with(name) for name in partial]
+            + [tuple(rows) for slot in self.plan.mixed for rows in (slot.blending, slot.training)],
+            device,
+        )
 
         def rows_of(flags: Sequence[bool], dims: int) -> Tensor:
-            """``[G, 1, ...]`` bool (``dims`` dimensions), true on the rows ``flags`` name:
-            made on the device by fills (no list crosses to it), a fill per run of true
-            rows, once per pattern (read-only views of it after)."""
-            key = tuple(flags)
-            if key not in made:
-                rows = made[key] = torch.zeros(self.size, device=device, dtype=torch.bool)
-                for start, stop in _runs(key):
-                    rows[start:stop] = True
-            return made[key].view(-1, *([1] * (dims - 1)))
+            """``[G, 1, ...]`` bool (``dims`` dimensions), true on the rows ``flags`` name: a
+            read-only view of the uploaded row of ``masks``."""
+            return masks[tuple(flags)].view(-1, *([1] * (dims - 1)))
 
         mixed = [
             _MixedRows(
@@ -444,14 +448,15 @@ class StackedGroup:
                 for name, rows in slot.buffers.items()
             ],
             gate_masks={
-                name: members_with(name, params[name].dim()) for name in self.plan.partial_gates
+                name: rows_of(members_with(name), params[name].dim())
+                for name in self.plan.partial_gates
             },
             alpha_masks={
-                alpha: members_with(seed, buffers[alpha].dim())
+                alpha: rows_of(members_with(seed), buffers[alpha].dim())
                 for alpha, seed in self.plan.partial_alphas.items()
             },
             incubation_masks={
-                scale: members_with(seed, buffers[scale].dim())
+                scale: rows_of(members_with(seed), buffers[scale].dim())
                 for scale, seed in self.plan.partial_incubations.items()
             },
             buffers_before=list(buffers_before.values()),
@@ -662,17 +667,18 @@ def _momentum_of(optimizer: torch.optim.Optimizer, param: Tensor) -> Tensor | No
     return None if state is None else state.get(MOMENTUM_BUFFER)
 
 
-def _runs(flags: Sequence[bool]) -> list[tuple[int, int]]:
-    """The ``(start, stop)`` of each run of true entries of ``flags``."""
-    runs: list[tuple[int, int]] = []
-    for g, flag in enumerate(flags):
-        if not flag:
-            continue
-        if runs and runs[-1][1] == g:
-            runs[-1] = (runs[-1][0], g + 1)
-        else:
-            runs.append((g, g + 1))
-    return runs
+def _row_masks(
+    patterns: Sequence[tuple[bool, ...]], device: torch.device
+) -> dict[tuple[bool, ...], Tensor]:
+    """Each distinct pattern of ``patterns`` (one flag per member) as a ``[G]`` bool row
+    on ``device``: one table of them all, uploaded by one copy that does not wait for the
+    device (``esper.tolaria.shares.uploaded``). Why: made by fills, a run of true rows at a
+    time, a group's masks were about 15 launches an epoch at 16 envs."""
+    distinct = list(dict.fromkeys(patterns))
+    if not distinct:
+        return {}
+    table = uploaded(device, distinct, torch.bool)
+    return dict(zip(distinct, table.unbind(), strict=True))
 
 
 def _stacked_rows(
