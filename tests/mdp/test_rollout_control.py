@@ -3,6 +3,7 @@ epoch panicked reaches PPO with its penalty, replayed from the states the policy
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,6 +17,7 @@ from esper.mdp.governor import EnvSnapshot, GovernorRead, PanicConfig, RolloutCo
 from esper.simic.ppo import PPOBatch
 from esper.simic.ppo_collector import PPOCollector
 from tests.mdp.envs import GAMMA, LAMBDA, collector, small_env
+from tests.ops import LaunchCounter
 from tests.tolaria.stacking import count_stacked_steps
 
 N_ENVS = 2
@@ -308,3 +310,69 @@ def test_panic_config_rejects_bad_values_naming_the_field(change: dict[str, obje
     with pytest.raises(ConfigError, match=rf"^PanicConfig\.{field}: ") as info:
         PanicConfig(**change)  # type: ignore[arg-type]
     assert info.value.key == field
+
+
+@dataclass
+class SnapshotsAll(ScriptedGovernor):
+    """Snapshots every env at every read, and keeps them."""
+
+    taken: list[EnvSnapshot] = field(default_factory=list)
+
+    def steer(self, control: RolloutControl, read: GovernorRead) -> None:
+        self.taken += [control.snapshot(env) for env in range(read.n_envs)]
+
+
+def _snapshot_read_ops(n_envs: int, monkeypatch: pytest.MonkeyPatch) -> collections.Counter:
+    """The operators that launch a kernel (``benchmarks/launch_rule.py``) at the first read,
+    at which ``SnapshotsAll`` snapshots ``n_envs`` envs."""
+    col = collector(small_env(n_envs, 3), seed=0)
+    col.set_governor(SnapshotsAll())
+    real = type(col.steering).steer
+    counted: list[collections.Counter] = []
+
+    def steer(self: object, *args: object, **kwargs: object) -> None:
+        with LaunchCounter() as counter:
+            real(self, *args, **kwargs)  # type: ignore[arg-type]
+        counted.append(counter.ops)
+
+    monkeypatch.setattr(type(col.steering), "steer", steer)
+    col.collect_batch(0)
+    return counted[0]
+
+
+def test_a_reads_snapshots_are_copied_in_as_many_ops_whatever_the_number_of_envs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each snapshot's tensors join one set of multi-tensor copies, run as steer returns:
+    no clone, no copy per env."""
+    two, four = (_snapshot_read_ops(n, monkeypatch) for n in (2, 4))
+    assert two == four, (two, four)
+    assert set(two) == {"_foreach_copy_"}, two
+
+
+def test_a_snapshot_holds_the_hosts_and_lstm_state_of_its_read() -> None:
+    col = collector(small_env(N_ENVS, 3), seed=0)
+    governor = SnapshotsAll()
+    col.set_governor(governor)
+    seen: list[tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]] = []
+    real = col.steering.steer
+
+    def steer(step: int, panic: object, fossilized: object, acted_from: tuple) -> None:
+        real(step, panic, fossilized, acted_from=acted_from)  # type: ignore[arg-type]
+        for env in range(N_ENVS):  # as they are once the read's copies ran
+            host = col.env.hosts[env].model.state_dict()
+            seen.append(
+                (
+                    {k: v.clone() for k, v in host.items()},
+                    (acted_from[0][:, env].clone(), acted_from[1][:, env].clone()),
+                )
+            )
+
+    col.steering.steer = steer  # type: ignore[method-assign]
+    col.collect_batch(0)
+    assert len(governor.taken) == len(seen) > 0
+    for snapshot, (host, hidden) in zip(governor.taken, seen, strict=True):
+        copied = snapshot.host.model.state_dict()
+        assert copied.keys() == host.keys()
+        assert all(torch.equal(copied[k], host[k]) for k in host)
+        assert all(torch.equal(a, b) for a, b in zip(snapshot.hidden, hidden, strict=True))

@@ -36,6 +36,7 @@ from esper.contracts.rollout import LifecycleEvent
 from esper.mdp.env import MorphogeneticVecEnv
 from esper.mdp.transitions import TransitionStore
 from esper.tamiyo.policy import LSTMState
+from esper.tolaria.copies import Copies
 from esper.tolaria.epoch import EpochResult
 from esper.tolaria.snapshot import HostSnapshot
 
@@ -169,7 +170,8 @@ class RolloutControl(Protocol):
 
     def snapshot(self, env: int) -> EnvSnapshot:
         """A copy of ``env``'s host and of the LSTM state it acts from now (device-to-device),
-        to restore both later."""
+        to restore both later. Its tensors are filled as ``Governor.steer`` returns (every
+        snapshot of a read in a few multi-tensor copies): read them after, not during."""
         ...
 
     def request_restore(self, env: int, snapshot: EnvSnapshot, reason: str) -> None:
@@ -221,6 +223,8 @@ class Steering:
         #: Per env, charged the rollback penalty at this read.
         self.charged = np.zeros(n, dtype=bool)
         self._steering = False
+        #: The copies of the snapshots taken at the current read, run as it ends.
+        self._copies = Copies()
         self._rollout = self._step = 0
         #: Per env, restores and dropped transitions in this rollout.
         self.rollbacks = np.zeros(n, dtype=np.int64)
@@ -274,9 +278,13 @@ class Steering:
         assert panic is not None
         read = GovernorRead(step, self.env.host_epoch, panic, fossilized)
         self._steering, self._acted_from = True, acted_from
+        self._copies = Copies()
         try:
             self.governor.steer(self, read)
         finally:
+            # Every snapshot of this read, copied at once: nothing changes the hosts or
+            # the LSTM state while the governor steers (restores wait for carry_out).
+            self._copies.run()
             self._steering = False
             self._acted_from = None
 
@@ -290,10 +298,15 @@ class Steering:
         if env in self._restores:
             raise ValueError(f"env {env} is being restored at this read: no snapshot of it")
         e = self.env
-        host = HostSnapshot.take(e.hosts[env], e.host_epoch)
+        host = HostSnapshot.take(e.hosts[env], e.host_epoch, self._copies)
         e.record(LifecycleEvent(kind="snapshot", env=env, host_epoch=e.host_epoch))
-        hidden = (self._acted_from[0][:, env].clone(), self._acted_from[1][:, env].clone())
-        return EnvSnapshot(host, hidden, self.store.pos[env], self._step, self._rollout)
+        hidden = []
+        for state in self._acted_from:
+            fresh = torch.empty_like(state[:, env], memory_format=torch.contiguous_format)
+            self._copies.add(fresh, state[:, env])
+            hidden.append(fresh)
+        h, c = hidden
+        return EnvSnapshot(host, (h, c), self.store.pos[env], self._step, self._rollout)
 
     def request_restore(self, env: int, snapshot: EnvSnapshot, reason: str) -> None:
         """Restore ``env`` from ``snapshot`` (of this rollout) before the next actions.

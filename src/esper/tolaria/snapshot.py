@@ -44,8 +44,13 @@ class HostSnapshot:
     epoch: int
 
     @classmethod
-    def take(cls, env: GrowingHost, epoch: int) -> HostSnapshot:
-        model, host_opt, seed_opts = _deepcopy((env.model, env.host_optimizer, env.seed_optimizers))
+    def take(cls, env: GrowingHost, epoch: int, copies: Copies | None = None) -> HostSnapshot:
+        """``env``'s snapshot. With ``copies``, its tensors' copies join those (the caller
+        runs them, several snapshots' in one go, before anything changes ``env``'s
+        tensors; until then the snapshot's tensors hold nothing)."""
+        model, host_opt, seed_opts = _deepcopy(
+            (env.model, env.host_optimizer, env.seed_optimizers), copies
+        )
         return cls(model, host_opt, seed_opts, epoch)
 
     def restore(self, env: GrowingHost) -> None:
@@ -60,21 +65,27 @@ class HostSnapshot:
 
 def _deepcopy(
     objects: tuple[HostModel, torch.optim.Optimizer, dict[str, torch.optim.Optimizer]],
+    copies: Copies | None = None,
 ) -> tuple[HostModel, torch.optim.Optimizer, dict[str, torch.optim.Optimizer]]:
-    """``copy.deepcopy(objects)``, its tensors copied in a few multi-tensor copies and the
-    objects around them by pickle (:func:`~esper.tolaria.structure_copy.deepcopy_structure`)."""
+    """``copy.deepcopy(objects)``, its tensors copied in a few multi-tensor copies (run
+    here, or left in ``copies`` for the caller to run) and the objects around them by
+    pickle (:func:`~esper.tolaria.structure_copy.deepcopy_structure`)."""
     model, host_optimizer, seed_optimizers = objects
     optimizers = [host_optimizer, *seed_optimizers.values()]
     states = (
         value for opt in optimizers for state in opt.state.values() for value in state.values()
     )
-    memo = _tensor_copies([*model.parameters(), *model.buffers(), *states])
+    mine = copies is None
+    copies = Copies() if copies is None else copies
+    memo = _tensor_copies([*model.parameters(), *model.buffers(), *states], copies)
+    if mine:
+        copies.run()
     return deepcopy_structure(objects, memo)
 
 
-def _tensor_copies(objects: Iterable[Any]) -> dict[int, Any]:
+def _tensor_copies(objects: Iterable[Any], copies: Copies) -> dict[int, Any]:
     """A ``deepcopy`` memo holding a copy of each tensor of ``objects`` that a plain copy
-    of its values reproduces (a parameter as a parameter), copied by one :class:`Copies`.
+    of its values reproduces (a parameter as a parameter), its copy added to ``copies``.
 
     A tensor that shares its storage with another of ``objects`` (a view, say), or that
     carries more than its values (a gradient, attributes, a tensor subclass, another
@@ -85,7 +96,6 @@ def _tensor_copies(objects: Iterable[Any]) -> dict[int, Any]:
     tensors = {id(t): t for t in objects if isinstance(t, Tensor)}.values()
     sharing = Counter(_storage(t) for t in tensors)
     memo: dict[int, Any] = {}
-    copies = Copies()
     for tensor in tensors:
         if sharing[_storage(tensor)] > 1 or not _plain(tensor):
             continue
@@ -94,7 +104,6 @@ def _tensor_copies(objects: Iterable[Any]) -> dict[int, Any]:
         if type(tensor) is nn.Parameter:
             fresh = nn.Parameter(fresh, requires_grad=tensor.requires_grad)
         memo[id(tensor)] = fresh
-    copies.run()
     return memo
 
 
