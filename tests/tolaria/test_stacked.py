@@ -310,6 +310,21 @@ def one_step_with_an_inf(
     return group, accs
 
 
+def test_a_steps_seed_gradient_checks_are_one_norm_op_whatever_the_seeds() -> None:
+    """Every member's row of every trained seed gradient, its norm taken by one
+    multi-tensor op (as each env's own step does), not a norm kernel per parameter."""
+    envs = envs_with_idle_seeds()
+    group_envs = [envs[0], envs[3]]  # both incubate stage1's seed
+    for env in group_envs:
+        env.model.train()
+    group = StackedGroup(group_envs, accumulators(group_envs))
+    assert len(group.plan.seed_names) > 1
+    x, y = torch.randn(2, 5, 1, 8, 8), torch.randint(0, 10, (2, 5))
+    with torch.enable_grad(), OpCounter() as ops:
+        group.step(x, y)
+    assert ops.ops["_foreach_norm"] == 1 and "linalg_vector_norm" not in ops.ops, ops.ops
+
+
 def envs_with_idle_seeds() -> list[GrowingHost]:
     """Envs 0 and 2 have just planted a seed in stage0 (GERMINATED: the step leaves it
     alone), env 2's a gated widening; envs 0 and 3 incubate a seed in stage1 (TRAINING);

@@ -271,13 +271,15 @@ class StackedGroup:
         """AND "this step's gradient is finite" into each member's trained-seed flags."""
         if not self.plan.seed_names:
             return
-        norms = [
-            stacked.no_grad
-            if stacked.params[name].grad is None
-            else stacked.params[name].grad.reshape(self.size, -1).norm(dim=1)
-            for name in self.plan.seed_names
-        ]
-        stacked.params_finite.logical_and_(finite(torch.stack(norms, dim=1)))
+        # Each member's row of each gradient, its norm taken by one multi-tensor op (as
+        # each env's own step takes its parameters' norms: ``seed_grad_norms``), not a
+        # per-row norm kernel per parameter.
+        rows: list[Tensor] = []
+        for name in self.plan.seed_names:
+            grad = stacked.params[name].grad
+            rows += (stacked.no_grad if grad is None else grad.reshape(self.size, -1)).unbind()
+        norms = torch.stack(torch._foreach_norm(rows)).view(len(self.plan.seed_names), -1)
+        stacked.params_finite.logical_and_(finite(norms.T))
 
     # ------------------------------------------------------------------ validation
     @torch.no_grad()
