@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -165,6 +166,7 @@ def test_a_steps_bookkeeping_is_three_ops_whatever_it_checks() -> None:
     assert counter.ops == {"mul": 1, "add_": 1, "_foreach_norm": 1}, counter.ops
 
 
+@functools.cache
 def _seeded_envs() -> list[GrowingHost]:
     """Four envs training no seed, one, two, and the other one: runs of flags of every
     length, slots with and without a run, envs with and without one."""
@@ -176,12 +178,9 @@ def _seeded_envs() -> list[GrowingHost]:
     return envs
 
 
-_SEEDED = _seeded_envs()
-
-
 @given(st.data())
 def test_a_slot_is_finite_where_every_flag_of_its_parameters_is(data: st.DataObject) -> None:
-    accs = accumulators(_SEEDED)
+    accs = accumulators(_seeded_envs())
     flags = accs[0].sums.params_finite
     drawn = data.draw(st.lists(st.booleans(), min_size=flags.numel(), max_size=flags.numel()))
     flags.copy_(torch.tensor(drawn))
@@ -194,7 +193,7 @@ def test_a_slot_is_finite_where_every_flag_of_its_parameters_is(data: st.DataObj
 
 
 def test_epoch_figures_launch_as_many_ops_whatever_the_number_of_trained_seeds() -> None:
-    one, many = accumulators(_envs(2)), accumulators(_SEEDED)
+    one, many = accumulators(_envs(2)), accumulators(_seeded_envs())
     assert sum(len(acc.seed_spans) for acc in many) > sum(len(acc.seed_spans) for acc in one)
     counts = []
     for accs in (one, many):
