@@ -300,12 +300,7 @@ class Steering:
         e = self.env
         host = HostSnapshot.take(e.hosts[env], e.host_epoch, self._copies)
         e.record(LifecycleEvent(kind="snapshot", env=env, host_epoch=e.host_epoch))
-        hidden = []
-        for state in self._acted_from:
-            fresh = torch.empty_like(state[:, env], memory_format=torch.contiguous_format)
-            self._copies.add(fresh, state[:, env])
-            hidden.append(fresh)
-        h, c = hidden
+        h, c = (self._copies.copy_of(state[:, env]) for state in self._acted_from)
         return EnvSnapshot(host, (h, c), self.store.pos[env], self._step, self._rollout)
 
     def request_restore(self, env: int, snapshot: EnvSnapshot, reason: str) -> None:

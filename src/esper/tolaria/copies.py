@@ -44,6 +44,13 @@ class Copies:
         destinations.append(destination)
         sources.append(source)
 
+    def copy_of(self, source: Tensor) -> Tensor:
+        """A fresh tensor like ``source`` (its layout kept where dense) that gets
+        ``source``'s values at :meth:`run`."""
+        fresh = torch.empty_like(source, memory_format=torch.preserve_format)
+        self.add(fresh, source)
+        return fresh
+
     @torch.no_grad()
     def run(self) -> None:
         """Zero every tensor and copy every pair added, and forget them."""

@@ -99,8 +99,7 @@ def _tensor_copies(objects: Iterable[Any], copies: Copies) -> dict[int, Any]:
     for tensor in tensors:
         if sharing[_storage(tensor)] > 1 or not _plain(tensor):
             continue
-        fresh = torch.empty_like(tensor, memory_format=torch.preserve_format)
-        copies.add(fresh, tensor)
+        fresh = copies.copy_of(tensor)
         if type(tensor) is nn.Parameter:
             fresh = nn.Parameter(fresh, requires_grad=tensor.requires_grad)
         memo[id(tensor)] = fresh
