@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,6 +13,7 @@ import pytest
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from matplotlib.image import imread
+from matplotlib.text import Text
 from tensorboard.backend.event_processing.event_accumulator import IMAGES, EventAccumulator
 
 from esper.callbacks.timeline import TimelineCallback
@@ -24,10 +26,14 @@ from esper.report import (
     render_learning_curve,
     render_timeline,
     report,
+    timeline,
 )
+from esper.report.timeline import figure_to_array
 
 #: Size of the pictures whose size is not what a test checks (smaller draws faster).
 SMALL = (320, 240)
+#: The same for timelines, whose legend needs more room (``render_timeline``).
+SMALL_TIMELINE = (400, 400)
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -104,13 +110,77 @@ def test_timeline_draws_rollbacks_and_skipped_decisions(rollout, tmp_path: Path)
             next_val_acc=np.array([np.nan, 0.5]),
         ),
     ]
-    plain = render_timeline(steps, e, slot_ids, size=SMALL)
-    marked = render_timeline(edited, e, slot_ids, size=SMALL, path=tmp_path / "rb.png")
+    plain = render_timeline(steps, e, slot_ids, size=SMALL_TIMELINE)
+    marked = render_timeline(edited, e, slot_ids, size=SMALL_TIMELINE, path=tmp_path / "rb.png")
     assert marked.shape == plain.shape
     assert not np.array_equal(marked, plain)
     # Steps built without stages or active flags (the dataclass defaults) still draw.
     bare = [replace(s, stages=np.zeros((0, 0), np.int64), active=np.zeros(0, bool)) for s in steps]
-    assert render_timeline(bare, e, slot_ids, size=SMALL).shape == (SMALL[1], SMALL[0], 3)
+    width, height = SMALL_TIMELINE
+    assert render_timeline(bare, e, slot_ids, size=SMALL_TIMELINE).shape == (height, width, 3)
+
+
+def _with_every_mark(steps: list[StepBatch], env: int) -> list[StepBatch]:
+    """``steps`` with a rollback, an epoch sat out and a skipped decision for ``env`` added
+    to the last one: every entry a timeline's legend can have."""
+    last = steps[-1]
+    active = np.ones(last.n_envs, bool)
+    active[env] = False
+    marks = (
+        LifecycleEvent("rollback", env=env, reason="loss not finite", host_epoch=0),
+        LifecycleEvent("oom_skip", env=env, host_epoch=last.host_epoch + 1),
+    )
+    return [*steps[:-1], replace(last, active=active, events=(*last.events, *marks))]
+
+
+class _Figures:
+    """Keeps each figure ``figure_to_array`` draws, to look at its legend's place."""
+
+    def __init__(self) -> None:
+        self.drawn: list = []
+
+    def __call__(self, fig, width: int, height: int) -> np.ndarray:
+        self.drawn.append(fig)
+        return figure_to_array(fig, width, height)
+
+
+@pytest.mark.parametrize("size", [TIMELINE_SIZE, (1001, 333), (600, 340), (400, 400)], ids=str)
+def test_a_timeline_legend_keeps_clear_of_the_panels_and_title_inside_the_picture(
+    rollout, monkeypatch: pytest.MonkeyPatch, size: tuple[int, int]
+) -> None:
+    """Beside the panels where the picture is wide enough, below them where it is not;
+    before, a narrow picture drew its legend over the panels (constrained layout gave up
+    with a warning), and one of 640x300 cut the legend's top and ran the title into it."""
+    steps, slot_ids = rollout
+    figures = _Figures()
+    monkeypatch.setattr(timeline, "figure_to_array", figures)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # constrained layout warns when it gives up
+        image = render_timeline(_with_every_mark(steps, 0), 0, slot_ids, size=size)
+    assert image.shape == (size[1], size[0], 3)
+    fig = figures.drawn[-1]
+    renderer = fig.canvas.get_renderer()
+    (legend,) = fig.legends
+    box = legend.get_window_extent(renderer)
+    assert box.x0 >= 0 and box.x1 <= size[0] and box.y0 >= 0 and box.y1 <= size[1]
+    assert len(legend.get_texts()) == len(STAGE_COLOURS) + 6  # 3 events, 3 marks
+    title = fig.get_suptitle()
+    (title_text,) = fig.findobj(lambda a: isinstance(a, Text) and a.get_text() == title)
+    for other in (*fig.axes, title_text):
+        assert not box.overlaps(other.get_window_extent(renderer)), other
+    # Beside the panels (legend right of them) only where they keep their room.
+    beside = box.x0 >= max(ax.get_window_extent(renderer).x1 for ax in fig.axes)
+    assert beside == (size[0] >= 1000)
+
+
+@pytest.mark.parametrize("size", [(320, 240), (640, 300), (600, 240)], ids=str)
+def test_a_timeline_too_small_for_its_legend_says_so(rollout, size: tuple[int, int]) -> None:
+    """Whatever the episode did: the room is judged on the fullest legend."""
+    steps, slot_ids = rollout
+    with pytest.raises(
+        ValueError, match=rf"{size[0]}x{size[1]} picture has no room.*\(1000, 600\)"
+    ):
+        render_timeline(steps, 0, slot_ids, size=size)
 
 
 def test_timeline_rejects_bad_arguments(rollout) -> None:

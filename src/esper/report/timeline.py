@@ -33,8 +33,11 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
+from matplotlib.legend import Legend
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
+from matplotlib.text import Text
+from matplotlib.transforms import Bbox
 
 from esper.contracts.rollout import StepBatch
 from esper.contracts.stages import SeedStage
@@ -42,7 +45,10 @@ from esper.contracts.stages import SeedStage
 #: Default ``(width, height)`` of a timeline in pixels.
 TIMELINE_SIZE: tuple[int, int] = (1000, 600)
 
-#: Smallest picture :func:`render_timeline` and the learning curve agree to draw.
+#: Smallest picture :func:`render_timeline` and the learning curve agree to draw. A
+#: timeline also needs room for its legend beside or below its panels, leaving them
+#: :data:`PANELS_MIN_SIZE`: 400x400 or 1000x330 pixels have it, 320x240 or 640x300 do
+#: not, and say so.
 MIN_SIZE: tuple[int, int] = (200, 150)
 
 #: Dots per inch of every figure; sizes are given in pixels, so this only scales fonts.
@@ -74,6 +80,15 @@ _EVENT_LABELS = {
     "fossilized": "fossilized here (merged)",
     "pruned": "pruned here",
 }
+#: The legend's font size (matplotlib's names).
+LEGEND_FONT_SIZE = "small"
+#: The room in pixels, ``(width, height)``, that the two panels need with their title,
+#: labels and ticks (a host of up to four slots): the legend goes beside or below them
+#: only where it leaves them that much.
+PANELS_MIN_SIZE: tuple[int, int] = (360, 240)
+#: The share of the picture's width or height a legend may span (constrained layout's
+#: margins take the rest).
+LEGEND_SPAN_SHARE = 0.96
 #: Font size of the blueprint name beside a planting marker: readable at the default size.
 BLUEPRINT_FONT_SIZE = 8.5
 _ROLLBACK = {"color": "red", "linestyle": "--", "linewidth": 1.2}
@@ -139,20 +154,18 @@ def render_timeline(
     top.set_ylabel("seed slot")
     name = label if label is not None else f"env {env}, rollout {rollouts[0]}"
     accuracy = f"{final:.3f}" if np.isfinite(final) else "n/a"
-    top.set_title(
-        f"{name}: seed stages per host epoch (final val acc {accuracy})", fontsize="medium"
+    # Over the whole picture, wrapped to its width: over the top panel alone a long label
+    # ran under a legend beside the panels, or off a narrow picture.
+    title = fig.suptitle(
+        f"{name}: seed stages per host epoch (final val acc {accuracy})",
+        fontsize="medium",
+        wrap=True,
     )
     bottom.set_xlabel("host epoch")
     bottom.set_xlim(epochs[0] - 0.5, epochs[-1] + 0.5)
     step = max(1, int(np.ceil(len(epochs) / 25)))
     bottom.set_xticks(epochs[::step])
-    fig.legend(
-        handles=_legend_handles(labelled),
-        loc="outside right upper",
-        fontsize="small",
-        frameon=False,
-    )
-    image = figure_to_array(fig, width, height)
+    image = _draw_with_legend(fig, title, _legend_handles(labelled), width, height)
     if path is not None:
         write_png(image, path)
     return image
@@ -346,6 +359,70 @@ def _draw_accuracy(ax, steps: Sequence[StepBatch], env: int) -> float:
         pad = max(0.02, 0.1 * (high - low))
         ax.set_ylim(max(0.0, low - pad), min(1.0, high + pad) if high <= 1.0 else high + pad)
     return values[-1]
+
+
+#: Every kind of mark a timeline may add to the legend: its placement is chosen for all
+#: of them, so whether a size draws does not depend on what an episode did.
+_EVERY_MARK = frozenset({"rollback", "oom_skip", "skipped"})
+
+
+def _draw_with_legend(
+    fig: Figure, title: Text, handles: list[object], width: int, height: int
+) -> np.ndarray:
+    """Draw ``fig`` with its legend beside the panels in one column, where the fullest
+    legend leaves the panels :data:`PANELS_MIN_SIZE` and clears the title; else below them
+    in as many columns as fit the width; a ValueError where neither fits.
+
+    Why: matplotlib's constrained layout does not fit a legend to the picture. One beside
+    the panels that is wider or taller than the picture leaves them no room (the layout
+    gives up, with a warning, and draws the legend over them), is cut off at the top, or
+    runs into a title wider than the panels. The room is judged on the fullest legend, so
+    whether a size draws does not depend on what an episode did.
+    """
+    canvas = fig.canvas
+    assert isinstance(canvas, FigureCanvasAgg), "figures here are made by new_figure"
+    renderer = canvas.get_renderer()
+    fullest = _legend_handles(set(_EVERY_MARK))
+
+    def legend(where: list[object], loc: str, ncols: int = 1) -> Legend:
+        return fig.legend(
+            handles=where, loc=loc, ncols=ncols, fontsize=LEGEND_FONT_SIZE, frameon=False
+        )
+
+    def extent(loc: str, ncols: int) -> Bbox:
+        """The fullest legend's box, so placed (before the layout moves it)."""
+        probe = legend(fullest, loc, ncols)
+        box = probe.get_window_extent(renderer)
+        probe.remove()
+        return box
+
+    panels_width, panels_height = PANELS_MIN_SIZE
+    beside = extent("outside right upper", 1)
+    if (
+        width - beside.width >= panels_width
+        and height >= panels_height
+        and beside.height <= LEGEND_SPAN_SHARE * height
+    ):
+        placed = legend(handles, "outside right upper")
+        image = figure_to_array(fig, width, height)
+        box = placed.get_window_extent(renderer)
+        if box.y0 >= 0 and box.y1 <= height and not box.overlaps(title.get_window_extent(renderer)):
+            return image
+        placed.remove()
+    if width >= panels_width:
+        for ncols in range(len(fullest), 0, -1):
+            below = extent("outside lower center", ncols)
+            if below.width > LEGEND_SPAN_SHARE * width:
+                continue  # fewer columns, then
+            if height - below.height < panels_height:
+                break  # fewer columns are taller still
+            legend(handles, "outside lower center", ncols)
+            return figure_to_array(fig, width, height)
+    raise ValueError(
+        f"render_timeline: a {width}x{height} picture has no room for the legend "
+        f"({beside.width:.0f}x{beside.height:.0f} pixels in one column) beside or below the "
+        f"panels; draw it larger, e.g. at the default size {TIMELINE_SIZE}"
+    )
 
 
 def _legend_handles(drawn: set[str]) -> list[object]:
