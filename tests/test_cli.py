@@ -388,3 +388,16 @@ def test_help_outside_fit_starts_without_importing_lightning_or_torch(words: lis
         [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True
     )
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
+
+
+@pytest.mark.parametrize("where", ["nowhere", "empty_run"])
+def test_report_without_event_logs_is_one_line_naming_the_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    """Said once: the command's prefix, then the reason (it was "esper report: error:
+    esper report: no events.jsonl ...")."""
+    (tmp_path / "empty_run").mkdir()
+    assert main(["report", str(tmp_path / where)]) == 1
+    shown = capsys.readouterr().err.strip().splitlines()
+    assert len(shown) == 1 and shown[0].startswith("esper report: error: "), shown
+    assert shown[0].count("esper report") == 1 and where in shown[0], shown

@@ -175,11 +175,11 @@ def report(run_dir: Path | str) -> list[Path]:
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"esper report: run directory {run_dir} does not exist")
+        raise FileNotFoundError(f"run directory {run_dir} does not exist")
     logs = sorted(run_dir.rglob(EVENTS_FILE))
     if not logs:
         raise FileNotFoundError(
-            f"esper report: no {EVENTS_FILE} under {run_dir}; it is written by the telemetry "
+            f"no {EVENTS_FILE} under {run_dir}; it is written by the telemetry "
             "callback (on by default in `esper fit`) into the run's log directory"
         )
     written: list[Path] = []
