@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -120,6 +121,43 @@ def test_fit_reports_a_bad_config_value_by_its_key(
     assert err[-1].startswith(f"esper fit: error: {key}: "), err
     assert "Traceback" not in "\n".join(err)
     assert not list(tmp_path.iterdir()), "a refused run left files behind"
+
+
+def _refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """The one line ``esper fit ARGS`` is refused with (exit 2, no traceback, no files)."""
+    with pytest.raises(SystemExit) as exited:
+        main(["fit", *args, "--trainer.default_root_dir", str(tmp_path)])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(err)
+    assert not list(tmp_path.iterdir()), "a refused run left files behind"
+    return err[-1]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_fit_asking_for_a_gpu_where_there_is_none_names_the_accelerator(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Lightning said "No supported gpu backend found!" in a traceback."""
+    line = _refused(tmp_path, capsys, "--trainer.accelerator", "gpu")
+    assert line.startswith("esper fit: error: trainer.accelerator: 'gpu' asks for a GPU"), line
+    assert "use cpu, or auto" in line
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--trainer.strategy", "nonsense"], "strategy='nonsense'"),
+        (["--trainer.accelerator", "cpu", "--trainer.devices", "0"], "devices='0'"),
+    ],
+    ids=["strategy", "devices"],
+)
+def test_fit_says_in_one_line_what_lightning_refuses_of_the_trainer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], says: str
+) -> None:
+    line = _refused(tmp_path, capsys, *args)
+    assert line.startswith("esper fit: error: trainer: Lightning refused the trainer ("), line
+    assert says in line
 
 
 TOKENS = "esper.tolaria.data.TokenSequenceDataModule"

@@ -11,8 +11,9 @@ traceback.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from esper.contracts.config_errors import ConfigError
 
@@ -61,6 +62,30 @@ def input_error(exc: BaseException) -> BaseException | None:
     return next(
         (link for link in chain if isinstance(link, (CheckpointError, *INPUT_ERRORS))), None
     )
+
+
+#: The trainer's settings that choose its hardware, named when Lightning refuses them.
+HARDWARE_SETTINGS: tuple[str, ...] = ("accelerator", "devices", "strategy", "num_nodes")
+
+
+def refused_trainer(settings: Mapping[str, Any], exc: BaseException) -> ConfigError:
+    """Lightning's refusal to build the trainer from ``settings`` (its keyword arguments)
+    as a ConfigError: ``Trainer(accelerator="gpu")`` on a machine without one raised
+    "No supported gpu backend found!" and ``esper fit`` printed a traceback. An accelerator
+    that asks for a GPU torch cannot see is named as such; anything else keeps Lightning's
+    words, beside the hardware settings it was given."""
+    import torch
+
+    accelerator = str(settings.get("accelerator", "auto"))
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        return ConfigError(
+            "trainer.accelerator",
+            f"{accelerator!r} asks for a GPU, and torch {torch.__version__} finds none on "
+            "this machine (torch.cuda.is_available() is False); use cpu, or auto (a GPU "
+            "where there is one)",
+        )
+    given = ", ".join(f"{key}={settings[key]!r}" for key in HARDWARE_SETTINGS if key in settings)
+    return ConfigError("trainer", f"Lightning refused the trainer ({given}): {exc}")
 
 
 def one_line(error: BaseException, command: str = "fit") -> str:

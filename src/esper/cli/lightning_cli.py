@@ -15,7 +15,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from esper.cli.bad_input import BAD_INPUT_STATUS, RunFolderGuard, input_error, one_line
+from esper.cli.bad_input import (
+    BAD_INPUT_STATUS,
+    RunFolderGuard,
+    input_error,
+    one_line,
+    refused_trainer,
+)
 from esper.cli.help_format import EsperArgumentParser
 from esper.cli.options import (
     DEFAULT_CALLBACKS,
@@ -49,6 +55,7 @@ def fit(argv: Sequence[str] | None = None) -> int:
     naming it (``esper fit: error: model.ppo.clip_coef: must be ...``) and exit status 2,
     and leaves no run folder behind.
     """
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
     from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
     from esper.callbacks import CALLBACKS
@@ -119,7 +126,16 @@ def fit(argv: Sequence[str] | None = None) -> int:
                 self.save_config_kwargs = {**self.save_config_kwargs, "overwrite": True}
             named = [CALLBACKS.get(name)() for name in names]
             config["plugins"] = with_checkpoint_io(config.get("plugins"))
-            return super()._instantiate_trainer(config, [*callbacks, *named, *progress_bar(config)])
+            try:
+                return super()._instantiate_trainer(
+                    config, [*callbacks, *named, *progress_bar(config)]
+                )
+            except ConfigError:
+                raise  # one of ours, keyed already
+            except (MisconfigurationException, ValueError, ModuleNotFoundError) as exc:
+                # What Lightning's Trainer refuses there is its arguments (a missing
+                # accelerator's package included): bad input, said in one line.
+                raise refused_trainer(config, exc) from exc
 
         def after_instantiate_classes(self) -> None:
             super().after_instantiate_classes()
