@@ -250,6 +250,9 @@ def test_a_checkpoint_records_its_envs_per_rank_and_a_damaged_record_is_refused(
         (["--controllers", "learned,oracle"], "--controllers/--grower: unknown controllers"),
         (["--controllers", "static_final,no_growth"], "add it to the controllers"),
         (["--episodes", "0"], "--episodes must be >= 1"),
+        (["--device", "banana"], "--device: must name a device such as 'cpu' or 'cuda:0'"),
+        (["--device", "cuda:99"], "--device: names cuda:99, which this machine cannot use"),
+        (["--out", "FILE/evaluation"], "--out: cannot write the results in"),
     ],
 )
 def test_bad_evaluate_options_are_one_line_naming_the_option_before_any_work(
@@ -258,9 +261,21 @@ def test_bad_evaluate_options_are_one_line_naming_the_option_before_any_work(
     from esper.cli.bad_input import BAD_INPUT_STATUS
 
     missing = tmp_path / "never-read.ckpt"
+    (tmp_path / "FILE").write_text("a file where --out wants a folder")
+    words = [w.replace("FILE", str(tmp_path / "FILE")) for w in words]
+    before = set(tmp_path.rglob("*"))
     assert main(["evaluate", "--ckpt", str(missing), *words]) == BAD_INPUT_STATUS
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and named in err, err
+    assert set(tmp_path.rglob("*")) == before
+
+
+def test_an_output_folder_that_can_be_written_is_left_as_it_was(tmp_path: Path) -> None:
+    """The check made what did not exist, wrote in it, and took it all away again."""
+    from esper.cli.commands import _try_writing_in
+
+    _try_writing_in(tmp_path / "a" / "b" / "evaluation")
+    assert not list(tmp_path.iterdir())
 
 
 def test_the_episodes_run_with_freed_memory_kept_and_hand_it_back_after(

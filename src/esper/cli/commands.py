@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +54,26 @@ def _say_done(result: Any) -> None:
     )
 
 
+def _try_writing_in(folder: Path) -> None:
+    """Make ``folder`` and a file in it, then remove what was made; the OSError if either
+    fails. Why: an evaluation may run for hours and writes its results at the end, where an
+    output folder it cannot write lost them all (a traceback after the last episode)."""
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    finally:
+        for path in made:
+            path.rmdir()
+
+
 def evaluate_command(args: argparse.Namespace) -> int:
     """Compare the learned policy with the other controllers; write the tables and pictures."""
     from esper.callbacks.checkpoint import find_last_checkpoint
+    from esper.contracts.config_errors import ConfigError
     from esper.contracts.evaluation import seed_range
+    from esper.devices import check_usable, parse_device
     from esper.evaluation.comparison import check_controllers
     from esper.evaluation.evaluate import evaluate
     from esper.report.tradeoff import TRADEOFF_FILE, render_accuracy_vs_flops
@@ -77,6 +94,11 @@ def evaluate_command(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"esper evaluate: error: {option}: {one_line(exc)}", file=sys.stderr)
             return BAD_INPUT_STATUS
+    try:
+        check_usable(parse_device(args.device, "--device"), "--device")
+    except ConfigError as exc:
+        print(f"esper evaluate: error: {one_line(exc)}", file=sys.stderr)
+        return BAD_INPUT_STATUS
     ckpt = Path(args.ckpt)
     if args.ckpt == "last":
         found = find_last_checkpoint(Path("."))
@@ -89,6 +111,15 @@ def evaluate_command(args: argparse.Namespace) -> int:
             return BAD_INPUT_STATUS
         ckpt = found
     out = Path(args.out) if args.out else ckpt.resolve().parent.parent / "evaluation"
+    try:
+        _try_writing_in(out)
+    except OSError as exc:
+        print(
+            f"esper evaluate: error: --out: cannot write the results in {out}: "
+            f"{exc.strerror or exc}; pass --out a folder you can write",
+            file=sys.stderr,
+        )
+        return BAD_INPUT_STATUS
     try:
         result = evaluate(
             ckpt,

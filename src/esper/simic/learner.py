@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from esper.contracts.config_errors import ConfigError
+from esper.devices import check_usable, parse_device
 
 #: The PPOModule argument, as the command line names it.
 LEARNER_DEVICE_KEY = "model.learner_device"
@@ -38,14 +39,9 @@ def parse_learner_device(value: str | None) -> torch.device | None:
     """
     if value is None:
         return None
-    try:
-        return torch.device(value)
-    except (RuntimeError, TypeError) as exc:
-        raise ConfigError(
-            LEARNER_DEVICE_KEY,
-            f"must name a device such as 'cpu' or 'cuda:0' (or be null: the update runs "
-            f"where the policy acts), got {value!r}",
-        ) from exc
+    return parse_device(
+        value, LEARNER_DEVICE_KEY, " (or be null: the update runs where the policy acts)"
+    )
 
 
 def check_learner_run(device: torch.device | None, world_size: int, precision: str) -> None:
@@ -58,12 +54,7 @@ def check_learner_run(device: torch.device | None, world_size: int, precision: s
     """
     if device is None:
         return
-    try:
-        torch.empty(0, device=device)
-    except (RuntimeError, AssertionError) as exc:  # e.g. CUDA named where torch has none
-        raise ConfigError(
-            LEARNER_DEVICE_KEY, f"names {device}, which this machine cannot use: {exc}"
-        ) from exc
+    check_usable(device, LEARNER_DEVICE_KEY)
     if world_size > 1:
         raise ConfigError(
             LEARNER_DEVICE_KEY,
