@@ -105,6 +105,7 @@ BAD_VALUES: dict[str, list[str]] = {
     "data.batch_size": ["--data.batch_size", "0"],  # every data module's argument
     "data.val_fraction": ["--data.val_fraction", "1.5"],  # the digits module's own
     "callbacks": ["--callbacks", "[no_such_callback]"],
+    "model.devices": ["--model.devices", '["banana"]'],
     # Checked when the run starts, against the ranks: PPOModule.setup's validate_run.
     "model.ppo.n_minibatches": ["--model.n_envs", "2", "--model.ppo.n_minibatches", "3"],
 }
@@ -142,6 +143,9 @@ def test_fit_asking_for_a_gpu_where_there_is_none_names_the_accelerator(
     line = _refused(tmp_path, capsys, "--trainer.accelerator", "gpu")
     assert line.startswith("esper fit: error: trainer.accelerator: 'gpu' asks for a GPU"), line
     assert "use cpu, or auto" in line
+    # Hosts placed on a GPU: refused before any is built (was a RunFailure at update 1).
+    line = _refused(tmp_path, capsys, "--model.devices", '["cpu", "cuda:0"]')
+    assert line.startswith("esper fit: error: model.devices: names cuda:0, which this"), line
 
 
 @pytest.mark.parametrize(

@@ -19,10 +19,12 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 #: lower layer, and packages of its own layer that the layer lists before it (the
 #: foundation's small modules).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # plain data, the plugin registry, thread counts, the host-read counter, the C heap
+    # plain data, user-named devices, the plugin registry, thread counts, the host-read
+    # counter, the C heap
     (
         "esper",
         "esper.contracts",
+        "esper.devices",
         "esper.plugins",
         "esper.threads",
         "esper.host_reads",

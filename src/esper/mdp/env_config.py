@@ -18,6 +18,7 @@ from esper.contracts.config_errors import (
     require_choice,
     require_int,
 )
+from esper.devices import parse_device
 from esper.kasmina import BLUEPRINTS, HOSTS, HostModel, LifecycleConfig, OptimConfig
 from esper.kasmina.widen_init import WIDEN_INITS
 from esper.mdp.pairing import UNPAIRED, Pairing
@@ -86,6 +87,8 @@ class EnvConfig:
             check_host_training(self)
             if self.devices is not None and not self.devices:
                 raise ConfigError("devices", "is empty; pass null to use the module's device")
+            for device in self.devices or ():
+                parse_device(device, "devices", " (or null: the module's device)")
             require_int("n_envs", self.n_envs, 1)
             require_int(
                 "episode_epochs",

@@ -17,7 +17,10 @@ import inspect
 from collections.abc import Mapping
 from typing import Any, Protocol, TypeVar
 
+import torch
+
 from esper.contracts.config_errors import ConfigError, require_number
+from esper.devices import check_usable
 from esper.kasmina import BLUEPRINTS, HOSTS, HostModel, LifecycleConfig, OptimConfig, SlotShape
 from esper.mdp.env_config import EnvConfig, blueprint_names
 from esper.mdp.rewards import RewardConfig
@@ -49,6 +52,8 @@ CONFIG_KEYS: dict[type, str] = {
 }
 #: CLI key of every data module's arguments.
 DATA_KEY = "data"
+#: CLI key of the devices the hosts are placed on (``EnvConfig.devices``).
+DEVICES_KEY = "model.devices"
 #: Host constructor arguments that are never ``host_kwargs``: the run passes them itself.
 _HOST_RESERVED = frozenset({"self", "lifecycle"})
 
@@ -103,6 +108,8 @@ def validate_run(module: RunConfigs, datamodule: object, world_size: int) -> Non
     """
     env = module.env_config
     _check_configs(module)
+    for device in env.devices or ():  # where the hosts will live: before any is built
+        check_usable(torch.device(device), DEVICES_KEY)
     envs_per_rank = _check_n_envs(env.n_envs, world_size)
     if not isinstance(datamodule, HostDataModule):
         raise ConfigError(
