@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -189,6 +190,31 @@ def test_the_written_json_keys_every_per_episode_figure_by_controller(
         assert rows[name]["final_test_acc_mean"] == pytest.approx(np.mean(result.final_test_acc))
     table = evaluation.table()
     assert table.splitlines()[0].split()[:3] == ["controller", "test", "acc"]
+
+
+def test_the_table_keeps_its_columns_and_says_n_a_where_one_group_gives_no_spread(
+    evaluation: Evaluation,
+) -> None:
+    """Every line as wide as the header (the test-accuracy cells ran two characters past
+    it), and an interval or standard error that one episode group cannot give reads n/a,
+    not "[nan, nan]" and "± nan"."""
+    lines = evaluation.table().splitlines()
+    assert len({len(line) for line in lines}) == 1, lines
+    assert "nan" not in evaluation.table()
+    alone = replace(
+        evaluation,
+        results=[
+            replace(
+                r,
+                test=replace(r.test, se=math.nan, low=math.nan, high=math.nan, units=1),
+                versus={k: replace(e, se=math.nan) for k, e in r.versus.items()},
+            )
+            for r in evaluation.results
+        ],
+    )
+    table = alone.table()
+    assert "nan" not in table and "[n/a: one group]" in table and "± n/a pts" in table
+    assert len({len(line) for line in table.splitlines()}) == 1, table
 
 
 @pytest.mark.parametrize(

@@ -179,7 +179,7 @@ class Evaluation:
         refs = self.references
         names = {NO_GROWTH: "no growth"}
         header = (
-            f"{'controller':<13} {'test acc [95% CI]':>24} {'val acc':>8} "
+            f"{'controller':<13} {'test acc [95% CI]':>26} {'val acc':>8} "
             + " ".join(f"{'− ' + names.get(ref, ref) + ' (mean ± SE)':>25}" for ref in refs)
             + f" {'params':>7} {'train GFLOP':>11} {'foss':>5} {'wall s':>7}"
         )
@@ -189,10 +189,15 @@ class Evaluation:
             for ref in refs:
                 est = r.versus.get(ref)
                 diffs.append(
-                    "" if est is None else f"{est.mean * 100:+.2f} ± {est.se * 100:.2f} pts"
+                    "" if est is None else f"{est.mean * 100:+.2f} ± {_spread(est.se * 100)} pts"
                 )
+            interval = (
+                f"[{r.test.low:.4f}, {r.test.high:.4f}]"
+                if math.isfinite(r.test.low) and math.isfinite(r.test.high)
+                else "[n/a: one group]"
+            )
             lines.append(
-                f"{r.controller:<13} {r.test.mean:>7.4f} [{r.test.low:.4f}, {r.test.high:.4f}] "
+                f"{r.controller:<13} {f'{r.test.mean:.4f} {interval}':>26} "
                 f"{r.final_val_acc_mean:>8.4f} "
                 + " ".join(f"{d:>25}" for d in diffs)
                 + f" {r.params_final_mean:>7.0f} {r.train_flops_mean / 1e9:>11.3f} "
@@ -385,6 +390,11 @@ def _paired(
         if ref in results and ref != result.controller
     }
     return replace(result, versus=versus)
+
+
+def _spread(points: float) -> str:
+    """A standard error in points, or "n/a" where it is undefined (one episode group)."""
+    return f"{points:.2f}" if math.isfinite(points) else "n/a"
 
 
 def _json_safe(value: Any) -> Any:
