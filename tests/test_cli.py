@@ -148,6 +148,16 @@ def test_fit_asking_for_a_gpu_where_there_is_none_names_the_accelerator(
     assert line.startswith("esper fit: error: model.devices: names cuda:0, which this"), line
 
 
+def test_fit_refuses_a_callback_named_twice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Lightning refused the second TelemetryCallback in a traceback."""
+    line = _refused(tmp_path, capsys, "--callbacks", "[telemetry, governor, telemetry]")
+    assert line == (
+        "esper fit: error: callbacks: names ['telemetry'] more than once; name each callback once"
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [

@@ -114,6 +114,11 @@ def fit(argv: Sequence[str] | None = None) -> int:
                     "callbacks",
                     f"names unknown callbacks {unknown}; allowed: {list(CALLBACKS.names())}",
                 )
+            repeated = sorted({n for n in names if names.count(n) > 1})
+            if repeated:  # Lightning refuses two of one stateful callback, in a traceback
+                raise ConfigError(
+                    "callbacks", f"names {repeated} more than once; name each callback once"
+                )
             check_resume_fits(self._resume_from, self.model, self.datamodule)
             if self._resume_from is not None:
                 # Resuming writes into the checkpoint's own folder: that it holds files is
