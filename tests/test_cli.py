@@ -148,6 +148,22 @@ def test_fit_asking_for_a_gpu_where_there_is_none_names_the_accelerator(
     assert line.startswith("esper fit: error: model.devices: names cuda:0, which this"), line
 
 
+def test_fit_names_a_root_folder_it_cannot_write_in(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A folder under a file: the line said only "[Errno 20] Not a directory: ..."."""
+    (tmp_path / "file").write_text("not a folder")
+    root = tmp_path / "file" / "runs"
+    with pytest.raises(SystemExit) as exited:
+        main(["fit", "--trainer.default_root_dir", str(root)])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(
+        f"esper fit: error: trainer.default_root_dir: cannot write runs in {root}: "
+    ), err
+    assert [p.name for p in tmp_path.iterdir()] == ["file"]
+
+
 def test_fit_refuses_a_callback_named_twice(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -272,9 +272,9 @@ def test_bad_evaluate_options_are_one_line_naming_the_option_before_any_work(
 
 def test_an_output_folder_that_can_be_written_is_left_as_it_was(tmp_path: Path) -> None:
     """The check made what did not exist, wrote in it, and took it all away again."""
-    from esper.cli.commands import _try_writing_in
+    from esper.cli.bad_input import try_writing_in
 
-    _try_writing_in(tmp_path / "a" / "b" / "evaluation")
+    try_writing_in(tmp_path / "a" / "b" / "evaluation")
     assert not list(tmp_path.iterdir())
 
 

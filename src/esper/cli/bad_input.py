@@ -11,6 +11,7 @@ traceback.
 from __future__ import annotations
 
 import shutil
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,21 @@ def input_error(exc: BaseException) -> BaseException | None:
     return next(
         (link for link in chain if isinstance(link, (CheckpointError, *INPUT_ERRORS))), None
     )
+
+
+def try_writing_in(folder: Path) -> None:
+    """Make ``folder`` and a file in it, then remove what was made; the OSError if either
+    fails. Why: a run or an evaluation may go on for hours and writes where it was told;
+    a folder it cannot write in is bad input, said before any work (an evaluation wrote its
+    results at the end and lost them all, in a traceback after the last episode)."""
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    finally:
+        for path in made:
+            path.rmdir()
 
 
 #: The trainer's settings that choose its hardware, named when Lightning refuses them.

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from esper.cli.bad_input import BAD_INPUT_STATUS, input_error, one_line
+from esper.cli.bad_input import BAD_INPUT_STATUS, input_error, one_line, try_writing_in
 
 #: Episodes per controller for ``esper evaluate``: enough for a standard error.
 DEFAULT_EVAL_EPISODES = 8
@@ -52,20 +51,6 @@ def _say_done(result: Any) -> None:
         file=sys.stderr,
         flush=True,
     )
-
-
-def _try_writing_in(folder: Path) -> None:
-    """Make ``folder`` and a file in it, then remove what was made; the OSError if either
-    fails. Why: an evaluation may run for hours and writes its results at the end, where an
-    output folder it cannot write lost them all (a traceback after the last episode)."""
-    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
-    folder.mkdir(parents=True, exist_ok=True)
-    try:
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    finally:
-        for path in made:
-            path.rmdir()
 
 
 def evaluate_command(args: argparse.Namespace) -> int:
@@ -112,7 +97,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
         ckpt = found
     out = Path(args.out) if args.out else ckpt.resolve().parent.parent / "evaluation"
     try:
-        _try_writing_in(out)
+        try_writing_in(out)
     except OSError as exc:
         print(
             f"esper evaluate: error: --out: cannot write the results in {out}: "

@@ -21,6 +21,7 @@ from esper.cli.bad_input import (
     input_error,
     one_line,
     refused_trainer,
+    try_writing_in,
 )
 from esper.cli.help_format import EsperArgumentParser
 from esper.cli.options import (
@@ -119,6 +120,15 @@ def fit(argv: Sequence[str] | None = None) -> int:
                 raise ConfigError(
                     "callbacks", f"names {repeated} more than once; name each callback once"
                 )
+            root = Path(config.get("default_root_dir") or ".")
+            try:
+                try_writing_in(root)
+            except OSError as exc:
+                raise ConfigError(
+                    "trainer.default_root_dir",
+                    f"cannot write runs in {root}: {exc.strerror or exc}; pass a folder you "
+                    "can write",
+                ) from exc
             check_resume_fits(self._resume_from, self.model, self.datamodule)
             if self._resume_from is not None:
                 # Resuming writes into the checkpoint's own folder: that it holds files is
