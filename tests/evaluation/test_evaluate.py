@@ -270,6 +270,33 @@ def test_bad_evaluate_options_are_one_line_naming_the_option_before_any_work(
     assert set(tmp_path.rglob("*")) == before
 
 
+def test_ctrl_c_during_an_evaluation_is_one_line_saying_what_was_done_and_exits_130(
+    checkpoint: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """It was a KeyboardInterrupt traceback (from the worker threads' join)."""
+    from esper.evaluation import comparison
+
+    real_run = comparison.run_episodes
+    calls: list[int] = []
+
+    def interrupted_second(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(comparison, "run_episodes", interrupted_second)
+    words = ["--controllers", "no_growth,periodic", "--episodes", "1", "--out", str(tmp_path)]
+    assert main(["evaluate", "--ckpt", str(checkpoint), *words]) == 130
+    err = capsys.readouterr().err.rstrip().splitlines()
+    assert err[0].startswith("  no_growth ") and len(err) == 2, err
+    assert err[1].startswith("esper evaluate: interrupted with 1 of 2 controllers done"), err
+    assert not list(tmp_path.iterdir())
+
+
 def test_an_output_folder_that_can_be_written_is_left_as_it_was(tmp_path: Path) -> None:
     """The check made what did not exist, wrote in it, and took it all away again."""
     from esper.cli.bad_input import try_writing_in

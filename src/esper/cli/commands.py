@@ -105,6 +105,12 @@ def evaluate_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return BAD_INPUT_STATUS
+    done: list[str] = []
+
+    def say_done(result: Any) -> None:
+        done.append(result.controller)
+        _say_done(result)
+
     try:
         result = evaluate(
             ckpt,
@@ -113,9 +119,20 @@ def evaluate_command(args: argparse.Namespace) -> int:
             device=args.device,
             controllers=controllers,
             sample=args.sample,
-            on_controller_done=_say_done,
+            on_controller_done=say_done,
             grower=args.grower,
         )
+    except KeyboardInterrupt:
+        from esper.cli.lightning_cli import INTERRUPTED_STATUS
+
+        print(
+            f"esper evaluate: interrupted with {len(done)} of {len(controllers)} controllers "
+            "done (their lines above); nothing written: the table compares every controller "
+            "on the same episodes. The same command runs them again (the same seed, the same "
+            "episodes); --controllers runs fewer",
+            file=sys.stderr,
+        )
+        return INTERRUPTED_STATUS
     except Exception as exc:
         error = input_error(exc)
         if error is None:
