@@ -251,6 +251,14 @@ def test_learning_curve_from_an_event_log(tmp_path: Path) -> None:
     assert render_learning_curve(log, size=SMALL).shape == (SMALL[1], SMALL[0], 3)
 
 
+def test_a_learning_curve_of_one_update_shows_its_point(tmp_path: Path) -> None:
+    """A line needs two points: with one update both panels drew no mark of it."""
+    log = write_log(tmp_path / "events.jsonl", [episode_end(0, 0, 0.7), update(0, 1.5, 0.7)])
+    image = render_learning_curve(log).astype(int)
+    blue = np.array([31, 119, 180])  # matplotlib's tab:blue, the return panel's colour
+    assert (np.abs(image - blue).sum(axis=2) < 30).sum() > 10
+
+
 def test_learning_curve_resume_replaces_repeated_rollouts(tmp_path: Path) -> None:
     first = [update(r, 1.0, 0.5) for r in range(3)]
     resumed = [{"kind": "resume", "rollout": 1, "host_epoch": 0, "events_written": 3}]

@@ -162,7 +162,9 @@ def _draw_rolling(
 ) -> None:
     ax.plot(xs, values, color=colour, linewidth=0.8, alpha=0.35)
     mean, low, high = rolling_band(values)
-    ax.plot(xs, mean, color=colour, linewidth=1.8, label=label)
+    # A marker on each mean: a line needs two points, so a run of one update (or an
+    # update between two non-finite ones) drew nothing at all.
+    ax.plot(xs, mean, color=colour, linewidth=1.8, label=label, marker="o", markersize=2.5)
     ax.fill_between(xs, low, high, color=colour, alpha=0.2, linewidth=0)
 
 
