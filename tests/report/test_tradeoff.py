@@ -66,6 +66,38 @@ def test_the_flops_interval_counts_each_episode_group_once(tmp_path: Path) -> No
     assert _flops_interval({}, "learned", GROUPS, 5.0) == (5.0, None, None)
 
 
+def _title(path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The title the picture of ``path`` is drawn with."""
+    from esper.report import tradeoff
+
+    titles: list[str] = []
+    real = tradeoff.figure_to_array
+
+    def keep(fig, width: int, height: int) -> np.ndarray:  # type: ignore[no-untyped-def]
+        titles.append(fig.axes[0].get_title())
+        return real(fig, width, height)
+
+    monkeypatch.setattr(tradeoff, "figure_to_array", keep)
+    render_accuracy_vs_flops(path, size=SMALL)
+    return titles[-1]
+
+
+def test_the_title_promises_bars_only_where_some_are_drawn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One episode group has no interval: the title said "bars: 95% intervals" over
+    points without bars."""
+    assert _title(evaluation(tmp_path), monkeypatch).endswith("bars: 95% intervals")
+    payload = json.loads(evaluation(tmp_path).read_text())
+    payload["episode_group"] = [0] * 6
+    for row in payload["rows"]:
+        row["final_test_acc_low"] = row["final_test_acc_high"] = None  # NaN, written as null
+    one_group = tmp_path / "one_group.json"
+    one_group.write_text(json.dumps(payload))
+    title = _title(one_group, monkeypatch)
+    assert title.endswith("no bars: one episode group gives no interval"), title
+
+
 def test_a_file_that_is_not_an_evaluation_is_named(tmp_path: Path) -> None:
     bad = tmp_path / "events.jsonl"
     bad.write_text('{"kind": "ppo_update"}')

@@ -55,6 +55,7 @@ def render_accuracy_vs_flops(
         (row["train_flops_mean"] / GFLOP, row["final_test_acc_mean"]) for row in payload["rows"]
     ]
     offsets = _label_offsets(points)
+    bars = False  # whether any interval was drawn: the title says which
     for i, row in enumerate(payload["rows"]):
         name = row["controller"]
         acc = row["final_test_acc_mean"]
@@ -64,6 +65,7 @@ def render_accuracy_vs_flops(
         y_err = _errors(acc, low, high)
         x_err = _errors(flops[0], flops[1], flops[2], scale=GFLOP)
         colour = COLOURS[i % len(COLOURS)]
+        bars = bars or y_err is not None or x_err is not None
         ax.errorbar([x], [acc], xerr=x_err, yerr=y_err, fmt="o", color=colour, capsize=4)
         ax.annotate(name, (x, acc), xytext=offsets[i], textcoords="offset points", color=colour)
     seed = payload.get("seed")
@@ -71,7 +73,7 @@ def render_accuracy_vs_flops(
     ax.set_title(
         f"Final test accuracy against training compute\n{episodes} episode(s) per "
         f"controller, evaluation seed {seed} ({payload.get('seed_range', '?')} range); "
-        "bars: 95% intervals",
+        + ("bars: 95% intervals" if bars else "no bars: one episode group gives no interval"),
         fontsize="medium",
     )
     ax.set_xlabel("training compute of the hosts, GFLOP per episode (mean)")
